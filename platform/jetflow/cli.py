@@ -1,0 +1,146 @@
+"""`jetflow` command line: generate text with (or without) a draft head, prepare the bundled target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jetflow.errors import InvalidSettingError, JetFlowError
+
+RANDOM_HEADS = {"random": True, "random-bidirectional": False}
+
+
+def _positive(name: str):
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        return n
+
+    return parse
+
+
+def _read_prompts(path: str) -> list:
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidSettingError(f"prompts file {path} does not exist")
+    items = []
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidSettingError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            items.append(row["prompt"])
+        elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+            items.append(row["messages"])
+        else:
+            raise InvalidSettingError(f"{path}:{lineno}: needs a string 'prompt' or a list 'messages'")
+    if not items:
+        raise InvalidSettingError(f"{path} holds no prompts")
+    return items
+
+
+def load_head_arg(spec: str | None, target, seed: int = 0):
+    """None → no head (AR); 'random' / 'random-bidirectional' → random init; else a path or head name."""
+    if spec is None:
+        return None
+    import torch
+
+    from jetflow.head import DraftHead, HeadConfig, load_head
+
+    if spec in RANDOM_HEADS:
+        torch.manual_seed(seed)
+        return DraftHead(HeadConfig.for_target(target, causal=RANDOM_HEADS[spec]))
+    return load_head(spec)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from jetflow.decode import DecodeConfig, Decoder
+    from jetflow.head import resolve_head_path
+    from jetflow.target import TargetModel
+
+    cfg = DecodeConfig(budget=args.budget, width=args.width, algorithm=args.algorithm,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                       max_new_tokens=args.max_new_tokens, stop=args.stop or [], seed=args.seed)
+    if args.prompts and args.prompt:
+        raise InvalidSettingError("give either a PROMPT or --prompts FILE, not both")
+    prompts = _read_prompts(args.prompts) if args.prompts else [args.prompt]
+    if prompts == [None]:
+        raise InvalidSettingError("no prompt: give a PROMPT argument or --prompts FILE.jsonl")
+    if args.head and args.head not in RANDOM_HEADS:
+        resolve_head_path(args.head)  # a missing head fails before the target loads
+    target = TargetModel.load(args.model)
+    decoder = Decoder(target, load_head_arg(args.head, target, args.seed or 0))
+    for prompt in prompts:
+        result = decoder.generate(prompt, cfg, raw=args.raw)
+        if args.json:
+            print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                              "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}), flush=True)
+        else:
+            print(result.text)
+            s = result.stats
+            print(f"[{s.new_tokens} tokens, {s.rounds} rounds, tau {s.tau:.2f}, {s.tokens_per_s:.1f} tok/s]",
+                  file=sys.stderr)
+    return 0
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    from jetflow.target.bundled import prepare_bundled
+
+    print(prepare_bundled(args.name, force=args.force))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jetflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode prompts; speculative with --head, plain AR without")
+    g.add_argument("prompt", nargs="?", help="a user turn (chat-templated unless --raw)")
+    g.add_argument("--prompts", metavar="FILE.jsonl", help="one JSON object per line with 'prompt' or 'messages'")
+    g.add_argument("--model", default="smollm2-135m", help="bundled name, local HF folder or hub id")
+    g.add_argument("--head", help="head folder or name under $JETFLOW_HOME/heads; 'random' or "
+                                  "'random-bidirectional' for a random-init head; omit for AR")
+    g.add_argument("--budget", type=_positive("--budget"), default=32, help="tree nodes per round, root counted")
+    g.add_argument("--width", type=_positive("--width"), default=7, help="top-W draft tokens per depth")
+    g.add_argument("--algorithm", default="accum_logp", help="tree algorithm: accum_logp, chain, top2gap")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=128)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (and random-head init)")
+    g.add_argument("--raw", action="store_true", help="feed the prompt text as is, no chat template")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
+    g.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("prepare-model", help="convert a bundled target into $JETFLOW_HOME/models (once)")
+    p.add_argument("name", help="bundled target name, e.g. smollm2-135m")
+    p.add_argument("--force", action="store_true", help="convert again even if present")
+    p.set_defaults(func=cmd_prepare_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return args.func(args)
+    except JetFlowError as exc:
+        print(f"jetflow: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The speculative decoder: draft a tree with the head, verify it in one target forward, accept,
+keep KV and features for the accepted path only. With no head (or budget 1) the same loop is plain
+autoregressive decoding on the same KV machinery — our AR baseline.
+
+Invariant between rounds: the target KV cache and the head's context features cover every
+committed token except the last one (the anchor, the root of the next tree).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from jetflow.decode.prompt import encode_prompt, stop_token_ids
+from jetflow.decode.sampling import DecodeConfig, target_probs
+from jetflow.decode.stats import DecodeStats
+from jetflow.errors import PromptTooLongError
+from jetflow.head import DraftHead, check_fits
+from jetflow.target import TargetModel
+from jetflow.tree import DraftTree, build_tree, walk
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]        # generated tokens only (an EOS that ended generation included)
+    text: str                   # decoded generated text, cut before a stop string
+    finish_reason: str          # "stop" (EOS or stop string) or "length"
+    stats: DecodeStats
+
+
+@dataclass
+class DecodeState:
+    """Everything one generation carries between rounds (exposed for streaming and for tests)."""
+
+    prompt_ids: list[int]
+    cache: object                       # the target's KV cache: covers prompt + generated[:-1]
+    past: int                           # tokens in the cache (= position of the anchor)
+    anchor: int                         # last committed token, root of the next tree
+    ctx: torch.Tensor | None            # (limit, H) projected context features, rows [:past] valid
+    generated: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class _PathLogits:
+    """Target logits of tree nodes, computed only when the acceptance walk asks for them.
+
+    A request for node x also computes the next `lookahead - 1` nodes of x's rank-0 descendant
+    chain (the likeliest continuation): the LM head is memory-bound, so a few rows cost about one.
+    """
+
+    def __init__(self, target: TargetModel, hidden: torch.Tensor, tree: DraftTree, lookahead: int):
+        self.target, self.hidden, self.lookahead = target, hidden, max(1, lookahead)
+        self.rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+        self._first_child: dict[int, int] = {}
+        for i in range(1, tree.size):
+            if tree.ranks[i] == 0:
+                self._first_child.setdefault(tree.parents[i], i)
+
+    def __call__(self, node: int) -> torch.Tensor:
+        if node not in self.rows:
+            t0 = time.perf_counter()
+            chain = [node]
+            while len(chain) < self.lookahead and chain[-1] in self._first_child:
+                chain.append(self._first_child[chain[-1]])
+            logits = self.target.logits(self.hidden[chain])
+            for i, n in enumerate(chain):
+                self.rows[n] = logits[i]
+            self.seconds += time.perf_counter() - t0
+        return self.rows[node]
+
+
+class Decoder:
+    """Lossless tree speculative decoding for one target and (optionally) one draft head."""
+
+    def __init__(self, target: TargetModel, head: DraftHead | None = None):
+        if head is not None:
+            check_fits(head.config, target)
+            head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.target = target
+        self.head = head
+        self.stop_ids = stop_token_ids(target)
+        self._lookahead_ema = 2.0
+
+    # ------------------------------------------------------------------ API
+    def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
+        """Text (a user turn, chat-templated unless raw), chat messages, or token ids → token ids."""
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            return encode_prompt(self.target.tokenizer, prompt, raw=raw)  # type: ignore[arg-type]
+        return [int(t) for t in prompt]  # type: ignore[union-attr]
+
+    def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig | None = None,
+                 raw: bool = False) -> Generation:
+        config = config or DecodeConfig()
+        state = None
+        for state in self.stream(prompt, config, raw=raw):
+            pass
+        assert state is not None
+        return self.finish(state, config)
+
+    def stream(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig,
+               raw: bool = False) -> Iterator[DecodeState]:
+        """Prefill, then yield the state after every round (new tokens: state.generated grows)."""
+        ids = self.encode(prompt, raw=raw)
+        with torch.inference_mode():
+            state = self._prefill(ids, config)
+        while state.finish_reason is None:
+            with torch.inference_mode():
+                self._round(state, config)
+            yield state
+
+    def finish(self, state: DecodeState, cfg: DecodeConfig) -> Generation:
+        tok = self.target.tokenizer
+        text = tok.decode(state.generated, skip_special_tokens=True) if tok is not None else ""
+        finish = state.finish_reason or "length"
+        if cfg.stop:
+            cut = min((text.find(s) for s in cfg.stop if s in text), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+        state.stats.new_tokens = len(state.generated)
+        return Generation(token_ids=list(state.generated), text=text, finish_reason=finish, stats=state.stats)
+
+    # ------------------------------------------------------------- the loop
+    def _speculative(self, cfg: DecodeConfig) -> bool:
+        return self.head is not None and cfg.budget > 1
+
+    def _prefill(self, prompt_ids: list[int], cfg: DecodeConfig) -> DecodeState:
+        target, head = self.target, self.head
+        dev = target.device
+        if not prompt_ids:
+            raise PromptTooLongError("the prompt is empty: give at least one token")
+        spec = self._speculative(cfg)
+        depth = head.config.depth if spec else 0
+        limit = len(prompt_ids) + cfg.max_new_tokens + depth + 1
+        if limit > target.max_positions:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft depth "
+                f"({depth}) exceeds the target's {target.max_positions} positions; shorten the prompt or "
+                "ask for fewer tokens"
+            )
+        # Per-call buffers: context features, tree mask and positions never reallocate per round.
+        self._gen = torch.Generator(device="cpu")
+        if cfg.seed is not None:
+            self._gen.manual_seed(cfg.seed)
+        self._layer_ids = head.config.target_layer_ids if spec else ()
+        self._pos = torch.arange(limit + cfg.budget, device=dev)
+        self._mask_buf = (torch.zeros((1, 1, cfg.budget, limit + cfg.budget), dtype=target.dtype, device=dev)
+                          if spec else None)
+        self._mask_ids = (torch.full((depth,), head.config.mask_token_id, dtype=torch.long, device=dev)
+                          if spec else None)
+        ctx = torch.empty((limit, target.hidden_size), dtype=target.dtype, device=dev) if spec else None
+
+        t0 = time.perf_counter()
+        cache = target.new_cache()
+        past = len(prompt_ids) - 1
+        if past:
+            out = target.forward(torch.tensor(prompt_ids[:-1], device=dev), self._pos[:past], cache, None,
+                                 self._layer_ids)
+            if spec:
+                ctx[:past] = head.project_context(out.features)
+        stats = DecodeStats(prompt_tokens=len(prompt_ids))
+        stats.prefill_s = self._now() - t0
+        return DecodeState(prompt_ids=list(prompt_ids), cache=cache, past=past, anchor=prompt_ids[-1],
+                           ctx=ctx, stats=stats)
+
+    def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
+        """Head forward for the block [anchor, MASK x D] → per-depth top-W (log-probs, tokens), D rows."""
+        target, head, past = self.target, self.head, state.past
+        block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), self._mask_ids]))
+        h = head(state.ctx[None, :past], block[None], self._pos[None, :past],
+                 self._pos[None, past : past + head.config.block_size])
+        logp = torch.log_softmax(target.logits(h[0, 1:]).float(), dim=-1)
+        top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
+        return top.values.tolist(), top.indices.tolist()
+
+    def _round(self, state: DecodeState, cfg: DecodeConfig) -> None:
+        target, stats, dev, past = self.target, state.stats, self.target.device, state.past
+        spec = self._speculative(cfg)
+        # 1. draft, 2. tree
+        ta = time.perf_counter()
+        if spec:
+            top_v, top_i = self.draft(state, cfg)
+            tb = self._now()
+            tree = build_tree(cfg.algorithm, state.anchor, top_v, top_i, cfg.budget, width=cfg.width)
+        else:
+            tb = ta
+            tree = DraftTree.root_only(state.anchor)
+        tv = time.perf_counter()
+
+        # 3. verify every node in one forward; RoPE position = past + depth
+        n = tree.size
+        is_path = tree.max_depth == n - 1  # a chain: the plain causal mask is the tree mask
+        if is_path:
+            positions, mask = self._pos[past : past + n], None
+        else:
+            positions = tree.depth_tensor(dev) + past
+            mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()).to(dev), past, self._mask_buf)
+        out = target.forward(tree.token_tensor(dev), positions, state.cache, mask, self._layer_ids)
+        logits_at = _PathLogits(target, out.hidden, tree, round(self._lookahead_ema))
+        tw = self._now()
+
+        # 4. accept along the target's own choices (argmax, or a sample at T > 0)
+        if cfg.greedy:
+            acc = walk(tree, lambda node: int(logits_at(node).argmax()))
+        else:
+            acc = walk(tree, lambda node: int(torch.multinomial(
+                target_probs(logits_at(node), cfg.temperature, cfg.top_k, cfg.top_p), 1, generator=self._gen)))
+
+        # 5. keep KV and features of root + accepted nodes; the bonus becomes the next anchor
+        keep = torch.tensor(acc.path, device=dev)
+        target.compact_cache(state.cache, past, keep)
+        if spec:
+            state.ctx[past : past + len(acc.path)] = self.head.project_context(out.features[keep])
+        state.past = past + len(acc.path)
+        state.anchor = acc.bonus
+        committed = 0
+        for tok in [tree.tokens[i] for i in acc.path[1:]] + [acc.bonus]:
+            if len(state.generated) >= cfg.max_new_tokens:
+                break
+            state.generated.append(tok)
+            committed += 1
+            if tok in self.stop_ids:
+                state.finish_reason = "stop"
+                break
+        if state.finish_reason is None:
+            if len(state.generated) >= cfg.max_new_tokens:
+                state.finish_reason = "length"
+            elif cfg.stop and self._hits_stop(state.generated, cfg.stop):
+                state.finish_reason = "stop"
+        te = self._now()
+
+        stats.draft_s += tb - ta
+        stats.tree_s += tv - tb
+        stats.verify_s += (tw - tv) + logits_at.seconds
+        stats.accept_s += (te - tw) - logits_at.seconds
+        stats.decode_s += te - ta
+        stats.rounds += 1
+        stats.tree_nodes.append(n)
+        stats.committed_per_round.append(committed)
+        stats.accepted_depths[acc.accepted] += 1
+        for i in acc.path[1:]:
+            stats.accepted_ranks[(tree.depths[i], tree.ranks[i])] += 1
+        self._lookahead_ema = 0.9 * self._lookahead_ema + 0.1 * len(acc.path)
+
+    def _hits_stop(self, generated: list[int], stops: list[str]) -> bool:
+        tok = self.target.tokenizer
+        if tok is None:
+            return False
+        tail = tok.decode(generated[-64:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
+
+    def _now(self) -> float:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        return time.perf_counter()

@@ -1,0 +1,25 @@
+"""Errors a user can cause. Each message says what to do; CLIs exit 2, servers answer 4xx."""
+
+
+class JetFlowError(Exception):
+    """Base class of every user-caused error."""
+
+
+class UnknownModelError(JetFlowError):
+    """A target name that is neither bundled, a local directory, nor loadable from a hub."""
+
+
+class HeadNotFoundError(JetFlowError):
+    """A head path without a config.json / model.safetensors."""
+
+
+class HeadMismatchError(JetFlowError):
+    """A head whose hidden size, vocabulary or tapped layers do not fit the target."""
+
+
+class InvalidSettingError(JetFlowError, ValueError):
+    """A decoding setting out of range (budget < 1, width < 1, temperature < 0, ...)."""
+
+
+class PromptTooLongError(JetFlowError):
+    """Prompt plus requested tokens exceed what the target can attend to."""

@@ -1,0 +1,152 @@
+"""Draft-head configuration, serialised in the DFlash layout that vLLM's DFlash loader reads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from jetflow.errors import InvalidSettingError
+
+
+@dataclass
+class HeadConfig:
+    hidden_size: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 9
+    num_key_value_heads: int = 3
+    head_dim: int = 64
+    intermediate_size: int = 1536
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    block_size: int = 16
+    causal: bool = True                  # False = the DFlash bidirectional baseline
+    num_target_layers: int = 0
+    target_model_id: str = ""
+    target_revision: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_hidden_layers <= 64:
+            raise InvalidSettingError(f"num_hidden_layers must be in 1..64, got {self.num_hidden_layers}")
+        if self.block_size < 2:
+            raise InvalidSettingError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
+        if not self.target_layer_ids:
+            raise InvalidSettingError("target_layer_ids must name at least one target layer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise InvalidSettingError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise InvalidSettingError(f"mask_token_id {self.mask_token_id} outside vocab of {self.vocab_size}")
+
+    @property
+    def depth(self) -> int:
+        """D = block_size - 1 draft positions per block."""
+        return self.block_size - 1
+
+    @classmethod
+    def for_target(cls, target, **overrides: Any) -> "HeadConfig":
+        """A head shaped like `target` (a TargetModel): same hidden size, heads, head_dim, RoPE base."""
+        from jetflow.target.model import default_layer_ids
+
+        cfg = target.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        mask_id = overrides.pop("mask_token_id", None)
+        if mask_id is None:
+            # A token that never appears in chat text; its (frozen) embedding marks "to be drafted".
+            unk = getattr(target.tokenizer, "unk_token_id", None)
+            mask_id = unk if unk is not None else target.vocab_size - 1
+        base = dict(
+            hidden_size=cfg.hidden_size,
+            vocab_size=target.vocab_size,
+            target_layer_ids=default_layer_ids(target.num_layers, 5),
+            mask_token_id=int(mask_id),
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            head_dim=head_dim,
+            intermediate_size=cfg.intermediate_size,
+            rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=target.max_positions,
+            num_target_layers=target.num_layers,
+            target_model_id=target.model_id,
+            target_revision=target.revision,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    # ------------------------------------------------------------ DFlash layout
+    def to_dflash_dict(self) -> dict[str, Any]:
+        """config.json as the DFlash reference and vLLM's `dflash` method expect (Qwen3-style)."""
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": False,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "is_causal": self.causal,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+                "causal": self.causal,
+            },
+            "jetflow": {
+                "target_model_id": self.target_model_id,
+                "target_revision": self.target_revision,
+                "extra": self.extra,
+            },
+            "dtype": "float32",
+        }
+
+    @classmethod
+    def from_dflash_dict(cls, d: dict[str, Any]) -> "HeadConfig":
+        dc = d.get("dflash_config", {})
+        jf = d.get("jetflow", {})
+        rope = d.get("rope_parameters") or {}
+        causal = dc.get("causal", d.get("is_causal", True))
+        return cls(
+            hidden_size=d["hidden_size"],
+            vocab_size=d["vocab_size"],
+            target_layer_ids=list(dc["target_layer_ids"]),
+            mask_token_id=int(dc["mask_token_id"]),
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d["num_key_value_heads"],
+            head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
+            intermediate_size=d["intermediate_size"],
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
+            max_position_embeddings=d.get("max_position_embeddings", 8192),
+            block_size=int(dc.get("block_size", d.get("block_size", 16))),
+            causal=bool(causal),
+            num_target_layers=d.get("num_target_layers", 0),
+            target_model_id=jf.get("target_model_id", ""),
+            target_revision=jf.get("target_revision", ""),
+            extra=jf.get("extra", {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

