@@ -17,11 +17,12 @@ def smollm() -> TargetModel:
     return TargetModel.load("smollm2-135m")
 
 
-def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int = 0) -> TargetModel:
+def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int = 0,
+                logit_scale: float = 30.0, layers: int = 6) -> TargetModel:
     """A random tiny Llama / Qwen2 / Qwen3 (no tokenizer: decode token ids)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                   eos_token_id=vocab - 1, bos_token_id=0, tie_word_embeddings=False)
     cfg = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch](**common)
@@ -30,7 +31,7 @@ def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
     with torch.no_grad():  # sharper distributions than the 0.02-std init, so argmax ties are rare
-        model.get_output_embeddings().weight.mul_(30.0)
+        model.get_output_embeddings().weight.mul_(logit_scale)
     return TargetModel(model, tokenizer=None, model_id=f"tiny-{arch}", revision="random")
 
 

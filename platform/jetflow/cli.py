@@ -26,26 +26,15 @@ def _positive(name: str):
 
 
 def _read_prompts(path: str) -> list:
-    p = Path(path)
-    if not p.is_file():
+    """A JSONL prompt file (validated line by line by the prompt-set loader) → decoder inputs."""
+    from jetflow.data import load_prompts
+
+    if not Path(path).is_file():
         raise InvalidSettingError(f"prompts file {path} does not exist")
-    items = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidSettingError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-            items.append(row["prompt"])
-        elif isinstance(row, dict) and isinstance(row.get("messages"), list):
-            items.append(row["messages"])
-        else:
-            raise InvalidSettingError(f"{path}:{lineno}: needs a string 'prompt' or a list 'messages'")
+    items = load_prompts(path, split="all")
     if not items:
         raise InvalidSettingError(f"{path} holds no prompts")
-    return items
+    return [item.chat for item in items]
 
 
 def load_head_arg(spec: str | None, target, seed: int = 0):

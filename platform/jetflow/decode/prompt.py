@@ -21,7 +21,7 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], raw: bool = False) ->
 def stop_token_ids(target) -> set[int]:
     """EOS ids from the tokenizer and the generation config."""
     ids: set[int] = set()
-    tok_eos = target.tokenizer.eos_token_id
+    tok_eos = getattr(target.tokenizer, "eos_token_id", None)
     if tok_eos is not None:
         ids.add(int(tok_eos))
     gen = getattr(target.model, "generation_config", None)

@@ -39,6 +39,8 @@ class DecodeConfig:
             raise InvalidSettingError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidSettingError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise InvalidSettingError("stop strings must be non-empty strings")
         if self.max_new_tokens < 1:
             raise InvalidSettingError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 

@@ -114,7 +114,6 @@ class HeadConfig:
                 "target_revision": self.target_revision,
                 "extra": self.extra,
             },
-            "dtype": "float32",
         }
 
     @classmethod
@@ -122,7 +121,8 @@ class HeadConfig:
         dc = d.get("dflash_config", {})
         jf = d.get("jetflow", {})
         rope = d.get("rope_parameters") or {}
-        causal = dc.get("causal", d.get("is_causal", True))
+        # Reference DFlash checkpoints that carry no flag are bidirectional.
+        causal = dc.get("causal", d.get("is_causal", False))
         return cls(
             hidden_size=d["hidden_size"],
             vocab_size=d["vocab_size"],

@@ -36,7 +36,9 @@ def save_head(head: DraftHead, path: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     save_file(state, str(path / WEIGHTS), metadata={"format": "pt", "layout": "dflash"})
-    (path / CONFIG).write_text(json.dumps(head.config.to_dflash_dict(), indent=2) + "\n")
+    config = head.config.to_dflash_dict()
+    config["dtype"] = str(next(head.parameters()).dtype).removeprefix("torch.")
+    (path / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 
@@ -44,9 +46,21 @@ def load_head(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     path = resolve_head_path(path)
     if not (path / CONFIG).exists() or not (path / WEIGHTS).exists():
         raise HeadNotFoundError(f"{path} is not a head checkpoint: it needs {CONFIG} and {WEIGHTS}")
-    cfg = HeadConfig.from_dflash_dict(json.loads((path / CONFIG).read_text()))
+    try:
+        cfg = HeadConfig.from_dflash_dict(json.loads((path / CONFIG).read_text()))
+    except json.JSONDecodeError as exc:
+        raise HeadNotFoundError(f"{path / CONFIG} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except (KeyError, TypeError) as exc:
+        raise HeadNotFoundError(
+            f"{path} is not a draft-head checkpoint: its config.json lacks {exc} "
+            "(a DFlash-layout head needs dflash_config.target_layer_ids and mask_token_id)"
+        ) from None
     head = DraftHead(cfg)
-    missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+    try:
+        missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+    except RuntimeError as exc:  # size mismatches between config.json and the weights
+        first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc)[:200])
+        raise HeadMismatchError(f"{path}: weights do not match its config.json ({first})") from None
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:
         raise HeadMismatchError(f"{path}: weights do not match its config (missing {missing[:4]}, unexpected {unexpected[:4]})")

@@ -171,6 +171,7 @@ class TargetModel:
         return out
 
     @staticmethod
+    @torch.inference_mode()
     def compact_cache(cache, past: int, keep: torch.Tensor) -> None:
         """Keep only cache rows past + keep (indices into the last forward's N tokens, in order).
 

@@ -1,0 +1,146 @@
+"""The target's tree-masked forward and KV compaction, on the real SmolLM2 and tiny Llama/Qwen2/Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jetflow.decode import DecodeConfig, Decoder, encode_prompt
+from jetflow.errors import PromptTooLongError, UnknownModelError
+from jetflow.head import DraftHead, HeadConfig
+from jetflow.target import TargetModel
+from jetflow.tree import build_tree
+from tests.conftest import OracleDecoder, tiny_target
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@torch.inference_mode()
+def _tree_and_prefix(target: TargetModel, prompt_ids: list[int], budget: int, seed: int = 0):
+    """A real draft tree (random causal head) rooted at the prompt's last token, and its prefix cache."""
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig.for_target(target, block_size=8))
+    decoder = Decoder(target, head)
+    cfg = DecodeConfig(budget=budget, width=4)
+    state = decoder._prefill(prompt_ids, cfg)
+    top_v, top_i = decoder.draft(state, cfg)
+    return build_tree("accum_logp", state.anchor, top_v, top_i, budget), state
+
+
+@torch.inference_mode()
+def _assert_tree_logits_equal_paths(target: TargetModel, prompt_ids: list[int], budget: int, atol: float):
+    tree, state = _tree_and_prefix(target, prompt_ids, budget)
+    assert tree.size == budget and tree.max_depth < tree.size - 1, "need a real (branching) tree"
+    past = state.past
+    mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()), past)
+    out = target.forward(tree.token_tensor(), tree.depth_tensor() + past, state.cache, mask)
+    tree_logits = target.logits(out.hidden)
+    target.compact_cache(state.cache, past, torch.arange(0))  # back to the prefix alone
+    for node in range(tree.size):
+        path = tree.path_to(node)
+        ids = torch.tensor([tree.tokens[i] for i in path])
+        alone = target.forward(ids, torch.arange(past, past + len(path)), state.cache)
+        torch.testing.assert_close(target.logits(alone.hidden[-1]), tree_logits[node], atol=atol, rtol=0)
+        target.compact_cache(state.cache, past, torch.arange(0))
+
+
+@pytest.mark.slow
+def test_tree_node_logits_equal_running_its_root_to_node_path_alone_on_smollm(smollm):
+    ids = encode_prompt(smollm.tokenizer, "Explain how a hash map handles collisions.")
+    _assert_tree_logits_equal_paths(smollm, ids, budget=24, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_node_logits_equal_running_its_root_to_node_path_alone_on_tiny_models(arch):
+    target = tiny_target(arch)
+    _assert_tree_logits_equal_paths(target, list(range(3, 40)), budget=20, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("algorithm,budget", [("accum_logp", 16), ("chain", 8), ("top2gap", 64)])
+def test_tiny_model_tree_decode_is_token_identical_to_hf_generate(arch, algorithm, budget):
+    target = tiny_target(arch)
+    prompt = [int(t) for t in torch.randint(1, 120, (24,), generator=torch.Generator().manual_seed(7))]
+    expected = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40,
+                                     pad_token_id=0)[0, len(prompt):].tolist()
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    cfg = DecodeConfig(budget=budget, width=4, algorithm=algorithm, max_new_tokens=40)
+    assert Decoder(target, head).generate(prompt, cfg).token_ids == expected
+    oracle = OracleDecoder(target, head, reference=prompt + expected, seed=3)
+    result = oracle.generate(prompt, cfg)
+    assert result.token_ids == expected
+    assert result.stats.tau > 1.5
+
+
+@torch.inference_mode()
+def _ar_cache_and_features(target: TargetModel, tokens: list[int], layer_ids):
+    cache = target.new_cache()
+    out = target.forward(torch.tensor(tokens), torch.arange(len(tokens)), cache, None, layer_ids)
+    return cache, out.features
+
+
+@pytest.mark.slow
+def test_kv_cache_after_every_round_equals_the_cache_of_ar_decoding_the_committed_tokens(smollm):
+    """Also the head's context features: both must cover exactly prompt + generated[:-1]."""
+    ids = encode_prompt(smollm.tokenizer, "List three uses of a binary search tree.")
+    expected = Decoder(smollm).generate(ids, DecodeConfig(max_new_tokens=40)).token_ids
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(smollm))
+    decoder = OracleDecoder(smollm, head, reference=ids + expected, seed=5)
+    cfg = DecodeConfig(budget=32, width=5, max_new_tokens=40)
+    rounds = 0
+    for state in decoder.stream(ids, cfg):
+        if state.finish_reason is not None:  # the last round may commit fewer tokens than it accepted
+            break
+        committed = ids + state.generated
+        assert state.past == len(committed) - 1 and state.anchor == committed[-1]
+        ref_cache, ref_feats = _ar_cache_and_features(smollm, committed[:-1], head.config.target_layer_ids)
+        assert state.cache.get_seq_length() == ref_cache.get_seq_length()
+        for ours, ref in zip(state.cache.layers, ref_cache.layers):
+            torch.testing.assert_close(ours.keys, ref.keys, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours.values, ref.values, atol=1e-4, rtol=1e-4)
+        with torch.inference_mode():
+            ref_ctx = head.project_context(ref_feats)
+        torch.testing.assert_close(state.ctx[: state.past], ref_ctx, atol=1e-4, rtol=1e-4)
+        rounds += 1
+    assert decoder.finish(state, cfg).token_ids == expected
+    assert rounds < len(expected), "the oracle should have accepted multi-token paths"
+
+
+def test_compact_cache_keeps_exactly_the_chosen_rows_in_order():
+    target = tiny_target("llama")
+    cache = target.new_cache()
+    target.forward(torch.arange(1, 11), torch.arange(10), cache)
+    before = [layer.keys.clone() for layer in cache.layers]
+    keep = torch.tensor([0, 2, 5])
+    target.compact_cache(cache, 4, keep)
+    assert cache.get_seq_length() == 7
+    for layer, old in zip(cache.layers, before):
+        torch.testing.assert_close(layer.keys[:, :, :4], old[:, :, :4])
+        torch.testing.assert_close(layer.keys[:, :, 4:], old[:, :, 4 + keep])
+
+
+def test_prompt_too_long_is_refused_before_any_work():
+    target = tiny_target("qwen3", max_positions=64)
+    head = DraftHead(HeadConfig.for_target(target, block_size=8))
+    with pytest.raises(PromptTooLongError, match="exceeds the target's 64 positions"):
+        Decoder(target, head).generate(list(range(1, 50)), DecodeConfig(max_new_tokens=20))
+    with pytest.raises(PromptTooLongError, match="empty"):
+        Decoder(target).generate([], DecodeConfig(max_new_tokens=2))
+
+
+def test_unknown_target_name_is_a_clear_error(tmp_path):
+    with pytest.raises(UnknownModelError, match="not bundled"):
+        TargetModel.load("no-such-model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnknownModelError, match="no config.json"):
+        TargetModel.load(str(tmp_path / "empty"))
+
+
+def test_unsupported_architecture_is_refused():
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(UnknownModelError, match="not supported"):
+        TargetModel(model, tokenizer=None, model_id="gpt2-tiny")
