@@ -81,6 +81,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Decode a few held-out prompts with AR and with tree speculation; show they are identical."""
+    from jetflow.data import load_prompts
+    from jetflow.decode import DecodeConfig, Decoder
+    from jetflow.head import load_head
+    from jetflow.target import TargetModel
+
+    target = TargetModel.load(args.model)
+    head = load_head(args.head) if args.head else load_head_arg("random", target, 0)
+    label = args.head or "a random-init causal head (no trained head yet)"
+    items = load_prompts("mtbench", limit=args.prompts) + load_prompts("humaneval", limit=args.prompts)
+    ar, spec = Decoder(target), Decoder(target, head)
+    print(f"target {target.model_id} ({target.revision}); head: {label}")
+    ok = True
+    for item in items:
+        a = ar.generate(item.chat, DecodeConfig(max_new_tokens=args.max_new_tokens))
+        s = spec.generate(item.chat, DecodeConfig(budget=args.budget, max_new_tokens=args.max_new_tokens))
+        same = a.token_ids == s.token_ids
+        ok &= same
+        print(f"\n[{item.id}] {item.text[:70]!r}\n  -> {s.text[:110]!r}")
+        print(f"  identical to AR: {same}; AR {a.stats.tokens_per_s:.1f} tok/s; speculative (budget {args.budget}) "
+              f"{s.stats.tokens_per_s:.1f} tok/s, tau {s.stats.tau:.2f}")
+    print("\nall outputs token-identical to AR greedy" if ok else "\nMISMATCH: speculative output differs from AR")
+    return 0 if ok else 1
+
+
 def cmd_prepare_model(args: argparse.Namespace) -> int:
     from jetflow.target.bundled import prepare_bundled
 
@@ -110,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="feed the prompt text as is, no chat template")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt: text, token_ids, stats")
     g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("demo", help="AR vs tree-speculative decoding on held-out prompts, side by side")
+    d.add_argument("--model", default="smollm2-135m")
+    d.add_argument("--head", help="head folder or name (default: a random-init causal head)")
+    d.add_argument("--budget", type=_positive("--budget"), default=32)
+    d.add_argument("--prompts", type=_positive("--prompts"), default=2, help="prompts per set (MT-Bench, HumanEval)")
+    d.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=48)
+    d.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("prepare-model", help="convert a bundled target into $JETFLOW_HOME/models (once)")
     p.add_argument("name", help="bundled target name, e.g. smollm2-135m")

@@ -24,6 +24,8 @@ class HeadConfig:
     max_position_embeddings: int = 8192
     block_size: int = 16
     causal: bool = True                  # False = the DFlash bidirectional baseline
+    tap_norm: bool = False               # RMSNorm each tapped layer before fc (activation outliers)
+    anchor_shortcut: bool = False        # add the context feature of position T-1 to every block input
     num_target_layers: int = 0
     target_model_id: str = ""
     target_revision: str = ""
@@ -110,6 +112,8 @@ class HeadConfig:
                 "causal": self.causal,
             },
             "jetflow": {
+                "tap_norm": self.tap_norm,
+                "anchor_shortcut": self.anchor_shortcut,
                 "target_model_id": self.target_model_id,
                 "target_revision": self.target_revision,
                 "extra": self.extra,
@@ -138,6 +142,8 @@ class HeadConfig:
             max_position_embeddings=d.get("max_position_embeddings", 8192),
             block_size=int(dc.get("block_size", d.get("block_size", 16))),
             causal=bool(causal),
+            tap_norm=bool(jf.get("tap_norm", False)),
+            anchor_shortcut=bool(jf.get("anchor_shortcut", False)),
             num_target_layers=d.get("num_target_layers", 0),
             target_model_id=jf.get("target_model_id", ""),
             target_revision=jf.get("target_revision", ""),

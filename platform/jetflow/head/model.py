@@ -102,6 +102,8 @@ class DraftHead(nn.Module):
         super().__init__()
         self.config = cfg
         k = len(cfg.target_layer_ids)
+        self.tap_norms = (nn.ModuleList(RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) for _ in range(k))
+                          if cfg.tap_norm else None)
         self.fc = nn.Linear(k * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
@@ -116,6 +118,10 @@ class DraftHead(nn.Module):
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """(..., k*H) concatenated target taps → (..., H) context features every layer reads."""
+        features = features.to(self.fc.weight.dtype)
+        if self.tap_norms is not None:
+            taps = features.split(self.config.hidden_size, dim=-1)
+            features = torch.cat([norm(t) for norm, t in zip(self.tap_norms, taps)], dim=-1)
         return self.hidden_norm(self.fc(features))
 
     def block_mask(self, ctx_len: int, block_len: int, device=None) -> torch.Tensor:
@@ -135,9 +141,19 @@ class DraftHead(nn.Module):
     ) -> torch.Tensor:
         """context (b, T, H) projected features; block (b, Q, H) block input embeddings;
         positions (b, T) and (b, Q) long; mask (b|1, 1, Q, T+Q) bool (True = visible) or None
-        for the single-block default. Returns (b, Q, H) final-normed hidden states."""
+        for the single-block default. Returns (b, Q, H) final-normed hidden states.
+
+        Queries are whole blocks of `block_size`, laid out one after another. With `anchor_shortcut`,
+        each query's input gains the context feature at its anchor position minus one — the newest
+        feature that query may see."""
         if mask is None:
             mask = self.block_mask(context.shape[1], block.shape[1], block.device)
+        if self.config.anchor_shortcut and context.shape[1] > 0:
+            offset = torch.arange(block.shape[1], device=block.device) % self.config.block_size
+            row = block_positions - offset - 1  # anchor position - 1
+            valid = (row >= 0) & (row < context.shape[1])
+            gathered = context.gather(1, row.clamp(0, context.shape[1] - 1)[..., None].expand(-1, -1, context.shape[-1]))
+            block = block + gathered * valid[..., None]
         rope_q = self.rotary(block_positions)
         rope_kv = self.rotary(torch.cat([ctx_positions, block_positions], dim=1))
         x = block

@@ -61,6 +61,7 @@ class TargetModel:
         self._lm_head = model.get_output_embeddings()
         self._body = model.model
         self._neg = torch.finfo(self.dtype).min
+        self._lm_head_t: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -114,8 +115,14 @@ class TargetModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) final-normed hidden → (..., V) logits (frozen LM head, shared with the draft head)."""
         flat = hidden.reshape(-1, hidden.shape[-1])
-        # (V, H) @ (H, m) is 1.5-3x faster than F.linear's (m, H) @ (H, V)^T for few rows on CPU (MKL).
-        out = (self._lm_head.weight @ flat.T).T
+        if flat.shape[0] == 1 and self.device.type == "cpu":
+            # one row (every AR step): a contiguous (H, V) copy makes the GEMV ~1.7x faster on MKL
+            if self._lm_head_t is None:
+                self._lm_head_t = self._lm_head.weight.detach().T.contiguous()
+            out = flat @ self._lm_head_t
+        else:
+            # (V, H) @ (H, m) beats F.linear's (m, H) @ (H, V)^T by 1.5-3x for a few rows on CPU (MKL)
+            out = (self._lm_head.weight @ flat.T).T
         if self._lm_head.bias is not None:
             out = out + self._lm_head.bias
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
