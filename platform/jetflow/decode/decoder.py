@@ -167,13 +167,17 @@ class Decoder:
         return DecodeState(prompt_ids=list(prompt_ids), cache=cache, past=past, anchor=prompt_ids[-1],
                            ctx=ctx, stats=stats)
 
-    def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
-        """Head forward for the block [anchor, MASK x D] → per-depth top-W (log-probs, tokens), D rows."""
+    def draft_logits(self, state: DecodeState) -> torch.Tensor:
+        """Head forward for the block [anchor, MASK x D] at positions past..past+D → (D, V) logits."""
         target, head, past = self.target, self.head, state.past
         block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), self._mask_ids]))
         h = head(state.ctx[None, :past], block[None], self._pos[None, :past],
                  self._pos[None, past : past + head.config.block_size])
-        logp = torch.log_softmax(target.logits(h[0, 1:]).float(), dim=-1)
+        return target.logits(h[0, 1:])
+
+    def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
+        """Per-depth top-W draft (log-probs, tokens), D rows sorted by descending log-prob."""
+        logp = torch.log_softmax(self.draft_logits(state).float(), dim=-1)
         top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
         return top.values.tolist(), top.indices.tolist()
 

@@ -1,0 +1,131 @@
+"""Feature cache: tapped target hidden states and the teacher's top-K next-token log-probs for every
+regenerated sequence, keyed by content so every sweep trial shares one cache.
+
+Key = (target id, revision, tapped layers, chat template, max length, top-K, data content hash).
+Layout: one safetensors file per shard of sequences, flat over tokens:
+  tokens (T,) int32 · features (T, k*H) fp16 · teacher_ids (T, K) int32 · teacher_logp (T, K) fp16
+  offsets (n+1,) int64 · response_start (n,) int64
+Bytes per token = 2·k·H + 4 + 6·K (SmolLM2, k=5, K=8: 5,812 B/token). Teacher row p is the target's
+distribution for x_{p+1}. Shards are written atomically, so an interrupted build resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from jetflow.errors import InvalidSettingError
+from jetflow.paths import jetflow_home
+
+FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    layer_ids: tuple[int, ...]
+    max_len: int = 768
+    teacher_topk: int = 8
+    shard_sequences: int = 64
+
+    def bytes_per_token(self, hidden: int) -> int:
+        return 2 * len(self.layer_ids) * hidden + 4 + 6 * self.teacher_topk
+
+
+def feature_key(target, spec: FeatureSpec, data_manifest: dict) -> str:
+    blob = json.dumps({
+        "target": target.model_id, "revision": target.revision, "layers": list(spec.layer_ids),
+        "template": data_manifest.get("chat_template_sha256"), "max_len": spec.max_len,
+        "topk": spec.teacher_topk, "data": data_manifest["content_sha256"],
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@torch.inference_mode()
+def sequence_features(target, ids: list[int], layer_ids, topk: int):
+    """(S, k*H) taps, (S, K) teacher ids, (S, K) teacher log-probs for one sequence."""
+    cache = target.new_cache()
+    out = target.forward(torch.tensor(ids), torch.arange(len(ids)), cache, None, tuple(layer_ids))
+    logp = torch.log_softmax(target.logits(out.hidden).float(), dim=-1)
+    top = logp.topk(topk, dim=-1)
+    return out.features, top.indices.to(torch.int32), top.values
+
+
+def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None = None, progress: bool = True) -> Path:
+    """Compute (or resume) the feature cache for a regenerated dataset. Returns its folder."""
+    from tqdm import tqdm
+
+    from jetflow.data.regenerate import MANIFEST, load_regenerated
+
+    manifest = json.loads((regen_dir / MANIFEST).read_text())
+    out = out or jetflow_home() / "features" / feature_key(target, spec, manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_regenerated(regen_dir)
+    n = len(data)
+    shards = [(i, min(i + spec.shard_sequences, n)) for i in range(0, n, spec.shard_sequences)]
+    for s, (lo, hi) in enumerate(tqdm(shards, desc="features", unit="shard", disable=not progress)):
+        path = out / f"shard-{s:05d}.safetensors"
+        if path.exists():
+            continue
+        toks, feats, t_ids, t_logp, offsets, starts = [], [], [], [], [0], []
+        for row in data.select(range(lo, hi)):
+            ids = (row["prompt_ids"] + row["response_ids"])[: spec.max_len]
+            if len(ids) <= len(row["prompt_ids"]):
+                continue  # no response left within max_len
+            f, ti, tl = sequence_features(target, ids, spec.layer_ids, spec.teacher_topk)
+            peak = f.abs().max().item()
+            if peak > FP16_MAX:
+                raise InvalidSettingError(f"tapped activations reach {peak:.3g} > fp16 range; tap other layers")
+            toks.append(torch.tensor(ids, dtype=torch.int32))
+            feats.append(f.half())
+            t_ids.append(ti)
+            t_logp.append(tl.half())
+            offsets.append(offsets[-1] + len(ids))
+            starts.append(len(row["prompt_ids"]))
+        tensors = {
+            "tokens": torch.cat(toks), "features": torch.cat(feats), "teacher_ids": torch.cat(t_ids),
+            "teacher_logp": torch.cat(t_logp), "offsets": torch.tensor(offsets, dtype=torch.int64),
+            "response_start": torch.tensor(starts, dtype=torch.int64),
+        }
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+    meta = {"spec": asdict(spec), "data_manifest": manifest, "shards": len(shards),
+            "target_model_id": target.model_id, "target_revision": target.revision,
+            "bytes_per_token": spec.bytes_per_token(target.hidden_size)}
+    (out / "features.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+class FeatureCache:
+    """Read side: sequences of (tokens, features, teacher ids, teacher log-probs, response start)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.meta = json.loads((self.folder / "features.json").read_text())
+        self._index: list[tuple[int, int]] = []
+        self._shards: list[dict[str, torch.Tensor]] = []
+        for s in range(self.meta["shards"]):
+            shard = load_file(str(self.folder / f"shard-{s:05d}.safetensors"))
+            self._shards.append(shard)
+            self._index += [(s, j) for j in range(len(shard["response_start"]))]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor | int]:
+        s, j = self._index[i]
+        shard = self._shards[s]
+        lo, hi = int(shard["offsets"][j]), int(shard["offsets"][j + 1])
+        return {"tokens": shard["tokens"][lo:hi].long(), "features": shard["features"][lo:hi],
+                "teacher_ids": shard["teacher_ids"][lo:hi].long(), "teacher_logp": shard["teacher_logp"][lo:hi],
+                "response_start": int(shard["response_start"][j])}
+
+    @property
+    def tokens(self) -> int:
+        return sum(int(s["offsets"][-1]) for s in self._shards)

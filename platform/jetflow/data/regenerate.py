@@ -1,0 +1,196 @@
+"""Regenerate training responses with the target itself (METHOD.md §2: the single biggest factor).
+
+Prompts are cut into fixed shards; each shard is answered in left-padded batches and written
+atomically as one Parquet file, so a killed job resumes where it stopped: finished shards are
+skipped, nothing is lost or duplicated. Shards can be spread over Ray tasks (N workers ≈ N× faster).
+A manifest records target id/revision, chat template, settings, counts and a content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jetflow.data.prompts import PromptItem, load_prompts
+from jetflow.errors import InvalidSettingError
+from jetflow.paths import jetflow_home
+
+MANIFEST = "manifest.json"
+SCHEMA = pa.schema([
+    ("prompt_id", pa.string()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("finish_reason", pa.string()),
+])
+
+
+@dataclass
+class RegenConfig:
+    model: str = "smollm2-135m"
+    prompt_sets: list[str] = field(default_factory=lambda: ["sharegpt", "gsm"])  # train splits, interleaved
+    num_prompts: int = 256
+    max_prompt_tokens: int = 256      # longer prompts are skipped (recorded in the manifest)
+    max_new_tokens: int = 256
+    temperature: float = 0.0          # 0 = greedy (the paper's default)
+    batch_size: int = 16
+    shard_size: int = 64
+    workers: int = 1                  # >1: shards spread over Ray tasks
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "max_prompt_tokens", "max_new_tokens", "batch_size", "shard_size", "workers"):
+            if getattr(self, name) < 1:
+                raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise InvalidSettingError(f"temperature must be >= 0, got {self.temperature}")
+
+    def key(self, revision: str) -> str:
+        """Content key of the output: what it depends on (not workers/batching)."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("workers", "batch_size")}
+        blob = json.dumps({"settings": settings, "revision": revision}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def select_prompts(cfg: RegenConfig) -> list[PromptItem]:
+    """Round-robin over the training splits of cfg.prompt_sets, first num_prompts items. Deterministic."""
+    pools = [load_prompts(name, split="train") for name in cfg.prompt_sets]
+    out: list[PromptItem] = []
+    i = 0
+    while len(out) < cfg.num_prompts and any(i < len(p) for p in pools):
+        out.extend(p[i] for p in pools if i < len(p))
+        i += 1
+    return out[: cfg.num_prompts]
+
+
+def default_output_dir(cfg: RegenConfig, revision: str) -> Path:
+    return jetflow_home() / "data" / "regen" / f"{Path(cfg.model).name}-{cfg.key(revision)}"
+
+
+def _shard_path(out: Path, index: int) -> Path:
+    return out / f"shard-{index:05d}.parquet"
+
+
+def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, target=None) -> dict:
+    """Answer one shard of prompts and write it atomically. Returns counts."""
+    import torch
+
+    from jetflow.decode.prompt import encode_prompt
+    from jetflow.target import TargetModel
+
+    target = target or TargetModel.load(cfg.model)
+    tok = target.tokenizer
+    rows = {name: [] for name in SCHEMA.names}
+    skipped = 0
+    encoded = []
+    for item in items:
+        ids = encode_prompt(tok, item.chat)
+        if len(ids) > cfg.max_prompt_tokens:
+            skipped += 1
+            continue
+        encoded.append((item.id, ids))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = set(target.model.generation_config.eos_token_id if isinstance(
+        target.model.generation_config.eos_token_id, list) else [target.model.generation_config.eos_token_id])
+    gen_tokens = 0
+    for b in range(0, len(encoded), cfg.batch_size):
+        batch = encoded[b : b + cfg.batch_size]
+        width = max(len(ids) for _, ids in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (_, ids) in enumerate(batch):  # left padding
+            input_ids[r, width - len(ids):] = torch.tensor(ids)
+            attn[r, width - len(ids):] = 1
+        kwargs = dict(max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
+        if cfg.temperature > 0:
+            kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0)
+        else:
+            kwargs.update(do_sample=False)
+        with torch.inference_mode():
+            out = target.model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
+        for r, (pid, ids) in enumerate(batch):
+            resp = out[r, width:].tolist()
+            finish = "length"
+            for k, t in enumerate(resp):
+                if t in eos:
+                    resp, finish = resp[: k + 1], "stop"
+                    break
+            rows["prompt_id"].append(pid)
+            rows["prompt_ids"].append(ids)
+            rows["response_ids"].append(resp)
+            rows["finish_reason"].append(finish)
+            gen_tokens += len(resp)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(pa.table(rows, schema=SCHEMA), tmp)
+    os.replace(tmp, path)  # atomic: a shard file exists only when complete
+    return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
+
+
+def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True) -> Path:
+    """Run (or resume) regeneration; returns the output folder holding shards + manifest.json."""
+    from jetflow.target import TargetModel
+
+    target = TargetModel.load(cfg.model)
+    out = out or default_output_dir(cfg, target.revision)
+    out.mkdir(parents=True, exist_ok=True)
+    items = select_prompts(cfg)
+    shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
+    todo = [i for i in range(len(shards)) if not _shard_path(out, i).exists()]
+    t0 = time.perf_counter()
+    if todo and cfg.workers > 1:
+        import ray
+
+        remote = ray.remote(num_cpus=1)(regenerate_shard)
+        refs = [remote.remote(cfg, shards[i], _shard_path(out, i)) for i in todo]
+        ray.get(refs)
+    elif todo:
+        from tqdm import tqdm
+
+        for i in tqdm(todo, desc="regenerate", unit="shard", disable=not progress):
+            regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target)
+    seconds = time.perf_counter() - t0
+    return write_manifest(cfg, out, target, len(shards), seconds if todo else None)
+
+
+def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds: float | None) -> Path:
+    digest = hashlib.sha256()
+    prompts = tokens = stop = 0
+    for i in range(num_shards):
+        table = pq.read_table(_shard_path(out, i))
+        for pid, resp in zip(table["prompt_id"].to_pylist(), table["response_ids"].to_pylist()):
+            digest.update(pid.encode())
+            digest.update(json.dumps(resp).encode())
+            tokens += len(resp)
+        prompts += table.num_rows
+        stop += sum(1 for f in table["finish_reason"].to_pylist() if f == "stop")
+    old = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {}
+    manifest = {
+        "target_model_id": target.model_id,
+        "target_revision": target.revision,
+        "chat_template_sha256": hashlib.sha256((target.tokenizer.chat_template or "").encode()).hexdigest()[:16],
+        "settings": asdict(cfg),
+        "shards": num_shards,
+        "sequences": prompts,
+        "response_tokens": tokens,
+        "finished_with_eos": stop,
+        "content_sha256": digest.hexdigest(),
+        "seconds": seconds if seconds is not None else old.get("seconds"),
+    }
+    if seconds:
+        manifest["response_tokens_per_s"] = tokens / seconds
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+def load_regenerated(out: Path):
+    """The regenerated sequences as a `datasets.Dataset` (prompt_ids, response_ids, ...)."""
+    from datasets import Dataset
+
+    manifest = json.loads((out / MANIFEST).read_text())
+    files = [str(_shard_path(out, i)) for i in range(manifest["shards"])]
+    return Dataset.from_parquet(files)

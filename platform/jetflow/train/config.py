@@ -1,0 +1,67 @@
+"""Typed training configuration; presets; `section=value` style overrides come from the job scripts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from jetflow.errors import InvalidSettingError
+from jetflow.train.losses import LOSSES
+
+
+@dataclass
+class TrainConfig:
+    name: str = "head"
+    # architecture
+    num_layers: int = 2
+    block_size: int = 16
+    causal: bool = True
+    num_taps: int = 5
+    tap_norm: bool = True            # measured: SmolLM2's tapped outliers collapse raw fc inputs
+    anchor_shortcut: bool = False
+    # initialisation
+    zero_init: bool = True           # zero o_proj/down_proj: loss starts near ln(V) instead of 15-19
+    init_from_target: bool = False   # copy the target's top layers into the head
+    # objective and optimiser
+    loss: str = "fkl"
+    gamma: float = 0.0
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.05
+    epochs: float = 2.0
+    max_steps: int = 0               # > 0 caps the run
+    anchors_per_seq: int = 16
+    seqs_per_step: int = 4
+    grad_clip: float = 1.0
+    # monitoring and checkpoints
+    eval_sequences: int = 16
+    eval_width: int = 7
+    eval_budget: int = 32
+    checkpoint_every: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise InvalidSettingError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if not 1 <= self.num_layers <= 8:
+            raise InvalidSettingError(f"num_layers must be in 1..8, got {self.num_layers}")
+        if not 2 <= self.block_size <= 64:
+            raise InvalidSettingError(f"block_size must be in 2..64, got {self.block_size}")
+        if not 1 <= self.anchors_per_seq <= 512:
+            raise InvalidSettingError(f"anchors_per_seq must be in 1..512, got {self.anchors_per_seq}")
+        for name in ("num_taps", "seqs_per_step", "checkpoint_every", "eval_width", "eval_budget"):
+            if getattr(self, name) < 1:
+                raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.gamma < 0 or self.epochs <= 0:
+            raise InvalidSettingError("lr and epochs must be > 0 and gamma >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_overrides(cls, base: "TrainConfig", overrides: dict[str, Any]) -> "TrainConfig":
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = set(overrides) - set(known)
+        if unknown:
+            raise InvalidSettingError(f"unknown training options {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{**base.to_dict(), **overrides})

@@ -1,0 +1,54 @@
+"""Per-depth draft losses (METHOD.md §2). The teacher is the target's next-token distribution, kept
+as its top-K (ids, log-probs) in the feature cache; labels are the target's own greedy tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from jetflow.errors import InvalidSettingError
+
+LOSSES = ("fkl", "ce", "rkl")
+
+
+def depth_weights(depth: int, gamma: float, device=None) -> torch.Tensor:
+    """(D,) w_k = exp(-(k-1)/gamma) (DFlash decay), uniform when gamma == 0."""
+    k = torch.arange(depth, dtype=torch.float32, device=device)
+    return torch.ones(depth, device=device) if gamma == 0 else torch.exp(-k / gamma)
+
+
+def draft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,
+               kind: str = "fkl", gamma: float = 0.0) -> torch.Tensor:
+    """logits (N, D, V) draft; labels (N, D); teacher_ids / teacher_logp (N, D, K). Scalar loss.
+
+    fkl: forward KL(teacher || draft) with the teacher truncated to its top-K and renormalised
+         (= soft cross-entropy up to the teacher's entropy, a constant);
+    ce:  hard-label cross-entropy on the target's tokens;
+    rkl: reverse KL(draft || teacher) on the teacher's top-K support (draft renormalised there).
+    """
+    if kind not in LOSSES:
+        raise InvalidSettingError(f"unknown loss {kind!r}; known: {', '.join(LOSSES)}")
+    n, d, _ = logits.shape
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    if kind == "ce":
+        per = -logq.gather(-1, labels[..., None])[..., 0]
+    else:
+        t_logp = torch.log_softmax(teacher_logp.float(), dim=-1)  # renormalise over the top-K
+        q_k = logq.gather(-1, teacher_ids)                           # (N, D, K)
+        if kind == "fkl":
+            per = -(t_logp.exp() * q_k).sum(-1)
+        else:
+            q_norm = torch.log_softmax(q_k, dim=-1)
+            per = (q_norm.exp() * (q_norm - t_logp)).sum(-1)
+    w = depth_weights(d, gamma, logits.device)
+    return (per * w).sum() / (w.sum() * n)
+
+
+def chain_tau_from_hits(hits: torch.Tensor) -> float:
+    """hits (N, D) bool: draft argmax == target token per depth → simulated chain τ (bonus included)."""
+    if hits.numel() == 0:
+        return math.nan
+    accepted = hits.long().cumprod(dim=1).sum(dim=1).float()
+    return 1.0 + accepted.mean().item()

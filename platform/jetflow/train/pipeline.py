@@ -1,0 +1,113 @@
+"""One call from prompts to an evaluated head: regenerate → features → train → evaluate with the
+real (lossless) decoder on held-out prompts. Presets size it for a laptop or a cluster."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from jetflow.data.features import FeatureCache, FeatureSpec, build_features
+from jetflow.data.regenerate import MANIFEST, RegenConfig, regenerate
+from jetflow.errors import InvalidSettingError
+from jetflow.paths import heads_dir
+from jetflow.train.config import TrainConfig
+
+
+@dataclass
+class Preset:
+    regen: RegenConfig
+    features_max_len: int
+    train: TrainConfig
+    eval_prompts: int = 5          # per held-out set (MT-Bench, HumanEval)
+    eval_new_tokens: int = 64
+
+
+PRESETS: dict[str, Preset] = {
+    # seconds: for tests and CI
+    "smoke": Preset(RegenConfig(num_prompts=8, max_new_tokens=24, batch_size=4, shard_size=4),
+                    features_max_len=256,
+                    train=TrainConfig(name="smoke", num_layers=1, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
+                                      eval_sequences=2, checkpoint_every=2),
+                    eval_prompts=1, eval_new_tokens=8),
+    # ~30 minutes on 2 CPU cores, datagen included
+    "demo": Preset(RegenConfig(num_prompts=384, max_new_tokens=160, batch_size=32, shard_size=64),
+                   features_max_len=448,
+                   train=TrainConfig(name="demo", num_layers=2, epochs=3, anchors_per_seq=24, seqs_per_step=4,
+                                     lr=6e-4, eval_sequences=16, checkpoint_every=25),
+                   eval_prompts=5, eval_new_tokens=64),
+    # ~2 hours on 2 CPU cores
+    "long": Preset(RegenConfig(num_prompts=1600, max_new_tokens=192, batch_size=32, shard_size=64),
+                   features_max_len=512,
+                   train=TrainConfig(name="long", num_layers=2, epochs=4, anchors_per_seq=32, seqs_per_step=4,
+                                     lr=6e-4, eval_sequences=32, checkpoint_every=50),
+                   eval_prompts=10, eval_new_tokens=96),
+}
+
+
+def provenance(extra: dict) -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    versions = {}
+    for pkg in ("jetflow", "torch", "transformers", "ray", "mlflow", "datasets", "pyarrow"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"command": " ".join(sys.argv), "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
+            "packages": versions, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+
+
+def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135m", use_ray: bool = True,
+                 workers: int = 1, train_overrides: dict | None = None, regen_overrides: dict | None = None) -> Path:
+    """Returns the head folder ($JETFLOW_HOME/heads/<name>) with weights, provenance and metrics."""
+    if preset not in PRESETS:
+        raise InvalidSettingError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    from jetflow.target import TargetModel
+
+    p = PRESETS[preset]
+    regen_cfg = RegenConfig(**{**asdict(p.regen), "model": model, **(regen_overrides or {})})
+    tcfg = TrainConfig.from_overrides(p.train, {"name": name or preset, **(train_overrides or {})})
+    timings = {}
+    t0 = time.perf_counter()
+    regen_dir = regenerate(regen_cfg)
+    timings["datagen_s"] = time.perf_counter() - t0
+
+    target = TargetModel.load(model)
+    from jetflow.target.model import default_layer_ids
+
+    spec = FeatureSpec(layer_ids=tuple(default_layer_ids(target.num_layers, tcfg.num_taps)),
+                       max_len=p.features_max_len)
+    t0 = time.perf_counter()
+    feat_dir = build_features(regen_dir, target, spec)
+    timings["features_s"] = time.perf_counter() - t0
+
+    out = heads_dir() / tcfg.name
+    t0 = time.perf_counter()
+    if use_ray:
+        from jetflow.train.ray_train import train_on_ray
+
+        metrics = train_on_ray(tcfg, model, feat_dir, out, num_workers=workers)
+    else:
+        from jetflow.train.trainer import train
+
+        metrics = train(tcfg, target, FeatureCache(feat_dir), out)
+    timings["train_s"] = time.perf_counter() - t0
+    manifest = json.loads((regen_dir / MANIFEST).read_text())
+    (out / "provenance.json").write_text(json.dumps(provenance({
+        "preset": preset, "data_dir": str(regen_dir), "data_manifest_sha256": manifest["content_sha256"],
+        "data_tokens": manifest["response_tokens"], "features_dir": str(feat_dir), "timings": timings,
+        "train_config": tcfg.to_dict(),
+    }), indent=2) + "\n")
+    return out

@@ -1,0 +1,195 @@
+"""The head training loop (Ray-agnostic): all anchored blocks of a sequence in one forward under the
+block-causal training mask, AdamW with warmup + cosine, checkpoints every K steps, exact resume.
+
+Determinism: the sequence order of every epoch and the anchors of every sequence derive from
+(seed, epoch) and (seed, global sequence index), so a run resumed from a checkpoint continues
+exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from jetflow.data.features import FeatureCache
+from jetflow.head import DraftHead, HeadConfig, save_head
+from jetflow.train.blocks import block_inputs, block_labels, sample_anchors, training_mask
+from jetflow.train.config import TrainConfig
+from jetflow.train.losses import draft_loss
+from jetflow.train.monitor import HeadEval, summarize
+
+STATE = "trainer_state.pt"
+
+
+def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
+    torch.manual_seed(cfg.seed)
+    hc = HeadConfig.for_target(target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size,
+                               causal=cfg.causal, target_layer_ids=list(layer_ids), tap_norm=cfg.tap_norm,
+                               anchor_shortcut=cfg.anchor_shortcut)
+    head = DraftHead(hc)
+    if cfg.init_from_target:
+        src = target.model.model.layers[-cfg.num_layers:]
+        for dst, layer in zip(head.layers, src):
+            own = dst.state_dict()
+            own.update({k: v for k, v in layer.state_dict().items() if k in own and own[k].shape == v.shape})
+            dst.load_state_dict(own)
+    if cfg.zero_init:
+        for layer in head.layers:
+            torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+            torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    return head
+
+
+def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor):
+    """One sequence, all its blocks in one forward → draft logits (N, D, V) and labels (N, D)."""
+    cfg = head.config
+    tokens = seq["tokens"]
+    s = tokens.shape[0]
+    ctx = head.project_context(seq["features"].float())[None]
+    ids, pos = block_inputs(tokens, anchors, cfg.block_size, cfg.mask_token_id)
+    with torch.no_grad():
+        block = target.embed(ids)[None]
+    mask = training_mask(anchors, s, cfg.block_size, cfg.causal)
+    h = head(ctx, block, torch.arange(s)[None], pos[None], mask)[0]
+    h = h.view(anchors.shape[0], cfg.block_size, -1)[:, 1:]
+    return target.logits(h), block_labels(tokens, anchors, cfg.block_size)
+
+
+def _teacher(seq: dict, anchors: torch.Tensor, block_size: int):
+    rows = anchors[:, None] + torch.arange(block_size - 1)  # teacher row a+k-1 predicts x_{a+k}
+    return seq["teacher_ids"][rows], seq["teacher_logp"][rows]
+
+
+def _anchors(cfg: TrainConfig, seq: dict, index: int, block_size: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
+    return sample_anchors(seq["response_start"], seq["tokens"].shape[0], block_size, cfg.anchors_per_seq, gen)
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, target, data: FeatureCache, indices: list[int], cfg: TrainConfig) -> HeadEval:
+    head.eval()
+    all_logits, all_labels = [], []
+    for i in indices:
+        seq = data[i]
+        anchors = _anchors(cfg, seq, -1 - i, head.config.block_size)
+        if anchors.numel():
+            logits, labels = block_forward(head, target, seq, anchors)
+            all_logits.append(logits)
+            all_labels.append(labels)
+    head.train()
+    return summarize(torch.cat(all_logits), torch.cat(all_labels), cfg.eval_width, cfg.eval_budget)
+
+
+def split_indices(n: int, eval_sequences: int, seed: int) -> tuple[list[int], list[int]]:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    k = min(eval_sequences, max(1, n // 10))
+    return perm[k:], sorted(perm[:k])
+
+
+def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable[[dict, int], None] | None = None,
+          stop_after: int | None = None, progress: bool = True, rank: int = 0, world: int = 1) -> dict:
+    """Train (or resume) a head into `out`; returns the final metrics. `stop_after` ends the run early
+    after that many optimizer steps (a simulated kill, for tests)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    layer_ids = data.meta["spec"]["layer_ids"]
+    head = build_head(cfg, target, layer_ids)
+    train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
+    steps_per_epoch = max(1, len(train_idx) // cfg.seqs_per_step)
+    total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    warmup = max(1, int(cfg.warmup_frac * total))
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
+    step = 0
+    ckpt_root = out / "checkpoints"
+    latest = _latest_checkpoint(ckpt_root)
+    if latest is not None:
+        state = torch.load(latest / STATE, weights_only=False)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step = state["step"]
+    head.train()
+    metrics: dict = {}
+    t0 = time.perf_counter()
+    tokens_seen = 0
+    bar = tqdm(total=total, initial=step, desc=f"train {cfg.name}", disable=not progress or rank != 0)
+    while step < total:
+        epoch, within = divmod(step, steps_per_epoch)
+        order = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
+        batch = order[within * cfg.seqs_per_step : (within + 1) * cfg.seqs_per_step][rank::world]
+        opt.zero_grad(set_to_none=True)
+        loss_sum, blocks = 0.0, 0
+        for j in batch:
+            seq = data[train_idx[j]]
+            anchors = _anchors(cfg, seq, step * cfg.seqs_per_step + j, cfg.block_size)
+            if anchors.numel() == 0:
+                continue
+            logits, labels = block_forward(head, target, seq, anchors)
+            t_ids, t_logp = _teacher(seq, anchors, cfg.block_size)
+            loss = draft_loss(logits, labels, t_ids, t_logp, cfg.loss, cfg.gamma) / cfg.seqs_per_step
+            loss.backward()
+            loss_sum += loss.item()
+            blocks += anchors.numel()
+            tokens_seen += anchors.numel() * (cfg.block_size - 1)
+        if world > 1:  # data parallel: average gradients over workers (each took its slice of the batch)
+            import torch.distributed as dist
+
+            for p in head.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_sum:.3f}")
+        metrics = {"train/loss": loss_sum, "train/lr": sched.get_last_lr()[0], "train/blocks": blocks}
+        if log and rank == 0:
+            log(metrics, step)
+        if rank == 0 and (step % cfg.checkpoint_every == 0 or step == total):
+            _save_checkpoint(ckpt_root, step, head, opt, sched)
+        if stop_after is not None and step >= stop_after and step < total:
+            bar.close()
+            return {"stopped_at": step}
+    bar.close()
+    seconds = time.perf_counter() - t0
+    result = evaluate(head, target, data, eval_idx, cfg)
+    metrics.update(result.as_metrics())
+    metrics.update({"train/seconds": seconds, "train/steps": step,
+                    "train/draft_tokens_per_s": tokens_seen / seconds if seconds else 0.0})
+    if log and rank == 0:
+        log(metrics, step)
+    if rank == 0:
+        save_head(head, out)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    return metrics
+
+
+def _latest_checkpoint(root: Path) -> Path | None:
+    done = sorted(p for p in root.glob("step-*") if (p / STATE).exists()) if root.exists() else []
+    return done[-1] if done else None
+
+
+def _save_checkpoint(root: Path, step: int, head, opt, sched, keep: int = 2) -> None:
+    path = root / f"step-{step:07d}"
+    tmp = root / f".tmp-step-{step:07d}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "step": step}, tmp / STATE)
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)  # a checkpoint exists only when complete
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,155 @@
+"""Training: anchors and the block-causal mask, train/infer parity, losses, feature cache, exact resume.
+Fast tests use a tiny random Qwen3 whose 'regenerated' data is its own greedy output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from jetflow.data.features import FeatureCache, FeatureSpec, build_features
+from jetflow.data.regenerate import MANIFEST, SCHEMA
+from jetflow.decode import DecodeConfig, Decoder
+from jetflow.train.blocks import block_inputs, sample_anchors, training_mask
+from jetflow.train.config import TrainConfig
+from jetflow.train.losses import chain_tau_from_hits, draft_loss
+from jetflow.train.trainer import block_forward, build_head, train
+from tests.conftest import tiny_target
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_target("qwen3", vocab=128)
+
+
+def _write_regen(folder: Path, target, n: int = 12, new_tokens: int = 40) -> Path:
+    """A regenerated dataset in the real on-disk format: random prompts, the target's greedy answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    rows = {k: [] for k in SCHEMA.names}
+    for i in range(n):
+        prompt = torch.randint(1, 120, (int(torch.randint(8, 20, (1,), generator=gen)),), generator=gen).tolist()
+        out = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
+                                    pad_token_id=0)[0, len(prompt):].tolist()
+        rows["prompt_id"].append(f"p{i}")
+        rows["prompt_ids"].append(prompt)
+        rows["response_ids"].append(out)
+        rows["finish_reason"].append("length")
+    pq.write_table(pa.table(rows, schema=SCHEMA), folder / "shard-00000.parquet")
+    (folder / MANIFEST).write_text(json.dumps({"shards": 1, "content_sha256": "test", "chat_template_sha256": "-",
+                                               "response_tokens": sum(map(len, rows["response_ids"]))}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def features(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinydata")
+    regen = _write_regen(root / "regen", tiny)
+    return build_features(regen, tiny, FeatureSpec(layer_ids=(1, 2, 3), max_len=128, teacher_topk=4,
+                                                   shard_sequences=5), out=root / "features", progress=False)
+
+
+def test_anchors_stay_in_the_response_region_with_room_for_a_full_block():
+    anchors = sample_anchors(response_start=10, length=50, block_size=8, max_anchors=512)
+    assert anchors.tolist() == list(range(9, 43))
+    some = sample_anchors(10, 50, 8, 5, torch.Generator().manual_seed(0))
+    assert len(some) == 5 and len(set(some.tolist())) == 5 and all(9 <= a <= 42 for a in some.tolist())
+    assert sample_anchors(10, 12, 8, 5).numel() == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_training_mask_sees_context_before_the_anchor_and_only_its_own_block(causal):
+    anchors = torch.tensor([3, 7])
+    m = training_mask(anchors, context_len=10, block_size=4, causal=causal)[0, 0]
+    assert m.shape == (8, 18)
+    for q in range(8):
+        b, i = divmod(q, 4)
+        assert m[q, :10].tolist() == [j < anchors[b] for j in range(10)]
+        for k in range(8):
+            b2, i2 = divmod(k, 4)
+            assert bool(m[q, 10 + k]) == (b2 == b and (i2 <= i or not causal))
+
+
+@pytest.mark.parametrize("causal,shortcut", [(True, False), (True, True), (False, False), (False, True)])
+def test_block_logits_in_the_batched_training_forward_equal_the_inference_forward(tiny, features, causal, shortcut):
+    """The bug class behind 'great validation numbers, nothing accepted': train and infer must agree."""
+    data = FeatureCache(features)
+    cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, zero_init=False)
+    head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"]).eval()
+    seq = data[3]
+    anchors = sample_anchors(seq["response_start"], len(seq["tokens"]), 6, 8, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        train_logits, _ = block_forward(head, tiny, seq, anchors)
+    decoder = Decoder(tiny, head)
+    for n, a in enumerate(anchors.tolist()):
+        tokens = seq["tokens"][: a + 1].tolist()
+        with torch.inference_mode():
+            state = decoder._prefill(tokens, DecodeConfig(budget=8, max_new_tokens=1))
+            state.ctx[:a] = head.project_context(seq["features"][:a].float())  # the cached (fp16) features
+            infer_logits = decoder.draft_logits(state)
+        torch.testing.assert_close(train_logits[n], infer_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_feature_cache_holds_taps_and_the_teachers_greedy_tokens(tiny, features):
+    data = FeatureCache(features)
+    assert len(data) == 12
+    seq = data[0]
+    s = len(seq["tokens"])
+    assert seq["features"].shape == (s, 3 * tiny.hidden_size) and seq["features"].dtype == torch.float16
+    # the response is the target's own greedy output, so the teacher's top-1 predicts it
+    rs = seq["response_start"]
+    assert torch.equal(seq["teacher_ids"][rs - 1 : s - 1, 0], seq["tokens"][rs:])
+    assert data.meta["bytes_per_token"] == 2 * 3 * tiny.hidden_size + 4 + 6 * 4
+
+
+def test_losses_are_zero_or_minimal_for_a_perfect_draft_and_grow_when_wrong():
+    labels = torch.tensor([[1, 2, 3]])
+    t_ids = torch.tensor([[[1, 0], [2, 0], [3, 0]]])
+    t_logp = torch.tensor([[[0.0, -30.0]] * 3])
+    good = torch.full((1, 3, 5), -20.0)
+    good[0, torch.arange(3), labels[0]] = 20.0
+    bad = good.flip(-1)
+    for kind in ("ce", "fkl", "rkl"):
+        assert draft_loss(good, labels, t_ids, t_logp, kind) < 1e-3
+        assert draft_loss(bad, labels, t_ids, t_logp, kind) > 1.0
+    assert chain_tau_from_hits(torch.tensor([[True, True, False], [False, True, True]])) == 2.0
+
+
+def test_training_reduces_the_loss_and_reports_simulated_tau(tiny, features, tmp_path):
+    cfg = TrainConfig(name="t", num_layers=1, block_size=6, max_steps=30, anchors_per_seq=8, seqs_per_step=2,
+                      lr=3e-3, eval_sequences=2, checkpoint_every=10)
+    losses = []
+    metrics = train(cfg, tiny, FeatureCache(features), tmp_path / "head",
+                    log=lambda m, s: losses.append(m.get("train/loss")), progress=False)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert 1.0 <= metrics["eval/chain_tau"] <= 6.0 and metrics["eval/tree_tau"] >= metrics["eval/chain_tau"] - 1e-9
+    assert (tmp_path / "head" / "config.json").exists() and (tmp_path / "head" / "model.safetensors").exists()
+
+
+def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, features, tmp_path):
+    cfg = TrainConfig(name="r", num_layers=1, block_size=6, max_steps=8, anchors_per_seq=4, seqs_per_step=2,
+                      lr=1e-3, eval_sequences=2, checkpoint_every=2)
+    data = FeatureCache(features)
+    train(cfg, tiny, data, tmp_path / "full", progress=False)
+    assert train(cfg, tiny, data, tmp_path / "resumed", progress=False, stop_after=5) == {"stopped_at": 5}
+    train(cfg, tiny, data, tmp_path / "resumed", progress=False)  # restarts from the step-4 checkpoint
+    from safetensors.torch import load_file
+
+    full = load_file(str(tmp_path / "full" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert full.keys() == resumed.keys()
+    for k in full:
+        torch.testing.assert_close(full[k], resumed[k], atol=0, rtol=0)
+
+
+def test_unknown_training_options_are_rejected():
+    from jetflow.errors import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError, match="unknown training options"):
+        TrainConfig.from_overrides(TrainConfig(), {"lrr": 1e-3})
+    with pytest.raises(InvalidSettingError, match="loss"):
+        TrainConfig(loss="mse")
