@@ -153,3 +153,19 @@ def test_unknown_training_options_are_rejected():
         TrainConfig.from_overrides(TrainConfig(), {"lrr": 1e-3})
     with pytest.raises(InvalidSettingError, match="loss"):
         TrainConfig(loss="mse")
+
+
+@pytest.mark.slow
+def test_regeneration_interrupted_and_rerun_equals_an_uninterrupted_run(smollm, tmp_path):
+    from jetflow.data.regenerate import RegenConfig, load_regenerated, regenerate
+
+    cfg = RegenConfig(num_prompts=6, max_new_tokens=12, batch_size=2, shard_size=2)
+    full = regenerate(cfg, out=tmp_path / "full", progress=False)
+    part = regenerate(cfg, out=tmp_path / "part", progress=False, max_shards=1)  # "killed" after one shard
+    assert not (part / MANIFEST).exists() and len(list(part.glob("shard-*.parquet"))) == 1
+    (part / "shard-00001.tmp").write_bytes(b"half-written by the killed run")
+    regenerate(cfg, out=tmp_path / "part", progress=False)
+    a, b = json.loads((full / MANIFEST).read_text()), json.loads((part / MANIFEST).read_text())
+    assert a["content_sha256"] == b["content_sha256"] and a["sequences"] == b["sequences"] == 6
+    assert load_regenerated(full)["response_ids"] == load_regenerated(part)["response_ids"]
+    assert a["target_revision"] == smollm.revision and a["settings"]["max_new_tokens"] == 12

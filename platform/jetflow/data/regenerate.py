@@ -131,8 +131,10 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
 
 
-def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True) -> Path:
-    """Run (or resume) regeneration; returns the output folder holding shards + manifest.json."""
+def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
+               max_shards: int | None = None) -> Path:
+    """Run (or resume) regeneration; returns the output folder holding shards + manifest.json.
+    `max_shards` stops after that many new shards (time-boxing; a rerun continues)."""
     from jetflow.target import TargetModel
 
     target = TargetModel.load(cfg.model)
@@ -141,6 +143,8 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True)
     items = select_prompts(cfg)
     shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
     todo = [i for i in range(len(shards)) if not _shard_path(out, i).exists()]
+    complete = len(todo) <= (max_shards if max_shards is not None else len(todo))
+    todo = todo[:max_shards] if max_shards is not None else todo
     t0 = time.perf_counter()
     if todo and cfg.workers > 1:
         import ray
@@ -154,6 +158,8 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True)
         for i in tqdm(todo, desc="regenerate", unit="shard", disable=not progress):
             regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target)
     seconds = time.perf_counter() - t0
+    if not complete:
+        return out  # no manifest until every shard exists
     return write_manifest(cfg, out, target, len(shards), seconds if todo else None)
 
 

@@ -98,12 +98,21 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     if use_ray:
         from jetflow.train.ray_train import train_on_ray
 
-        metrics = train_on_ray(tcfg, model, feat_dir, out, num_workers=workers)
+        train_on_ray(tcfg, model, feat_dir, out, num_workers=workers)
     else:
         from jetflow.train.trainer import train
 
-        metrics = train(tcfg, target, FeatureCache(feat_dir), out)
+        train(tcfg, target, FeatureCache(feat_dir), out)
     timings["train_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    from jetflow.eval import measure_acceptance
+    from jetflow.head import load_head
+
+    decode_metrics = measure_acceptance(target, load_head(out), prompts_per_set=p.eval_prompts,
+                                        new_tokens=p.eval_new_tokens, budget=tcfg.eval_budget, width=tcfg.eval_width)
+    timings["eval_s"] = time.perf_counter() - t0
+    metrics = {**json.loads((out / "metrics.json").read_text()), **decode_metrics}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     manifest = json.loads((regen_dir / MANIFEST).read_text())
     (out / "provenance.json").write_text(json.dumps(provenance({
         "preset": preset, "data_dir": str(regen_dir), "data_manifest_sha256": manifest["content_sha256"],
