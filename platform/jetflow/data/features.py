@@ -6,7 +6,7 @@ Layout: one safetensors file per shard of sequences, flat over tokens:
   tokens (T,) int32 · features (T, k*H) fp16 · teacher_ids (T, K) int32 · teacher_logp (T, K) fp16
   offsets (n+1,) int64 · response_start (n,) int64
 Bytes per token = 2·k·H + 4 + 6·K (SmolLM2, k=5, K=8: 5,812 B/token). Teacher row p is the target's
-distribution for x_{p+1}. Shards are written atomically, so an interrupted build resumes.
+distribution for x_{p+1}; it is only computed from the last prompt token on (rows before stay zero). Shards are written atomically, so an interrupted build resumes.
 """
 
 from __future__ import annotations
@@ -47,13 +47,19 @@ def feature_key(target, spec: FeatureSpec, data_manifest: dict) -> str:
 
 
 @torch.inference_mode()
-def sequence_features(target, ids: list[int], layer_ids, topk: int):
-    """(S, k*H) taps, (S, K) teacher ids, (S, K) teacher log-probs for one sequence."""
+def sequence_features(target, ids: list[int], layer_ids, topk: int, teacher_from: int = 0):
+    """(S, k*H) taps, (S, K) teacher ids, (S, K) teacher log-probs for one sequence. Teacher rows
+    before `teacher_from` (the prompt, which no block drafts) are left zero: the LM head is the
+    expensive part."""
     cache = target.new_cache()
     out = target.forward(torch.tensor(ids), torch.arange(len(ids)), cache, None, tuple(layer_ids))
-    logp = torch.log_softmax(target.logits(out.hidden).float(), dim=-1)
+    s = len(ids)
+    t_ids = torch.zeros((s, topk), dtype=torch.int32)
+    t_logp = torch.zeros((s, topk), dtype=torch.float32)
+    logp = torch.log_softmax(target.logits(out.hidden[teacher_from:]).float(), dim=-1)
     top = logp.topk(topk, dim=-1)
-    return out.features, top.indices.to(torch.int32), top.values
+    t_ids[teacher_from:], t_logp[teacher_from:] = top.indices.to(torch.int32), top.values
+    return out.features, t_ids, t_logp
 
 
 def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None = None, progress: bool = True) -> Path:
@@ -77,7 +83,8 @@ def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None 
             ids = (row["prompt_ids"] + row["response_ids"])[: spec.max_len]
             if len(ids) <= len(row["prompt_ids"]):
                 continue  # no response left within max_len
-            f, ti, tl = sequence_features(target, ids, spec.layer_ids, spec.teacher_topk)
+            f, ti, tl = sequence_features(target, ids, spec.layer_ids, spec.teacher_topk,
+                                          teacher_from=len(row["prompt_ids"]) - 1)
             peak = f.abs().max().item()
             if peak > FP16_MAX:
                 raise InvalidSettingError(f"tapped activations reach {peak:.3g} > fp16 range; tap other layers")
