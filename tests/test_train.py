@@ -169,3 +169,25 @@ def test_regeneration_interrupted_and_rerun_equals_an_uninterrupted_run(smollm, 
     assert a["content_sha256"] == b["content_sha256"] and a["sequences"] == b["sequences"] == 6
     assert load_regenerated(full)["response_ids"] == load_regenerated(part)["response_ids"]
     assert a["target_revision"] == smollm.revision and a["settings"]["max_new_tokens"] == 12
+
+
+def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp_path):
+    """A real Ray Train TorchTrainer (one CPU worker) loads the target by path and trains on the cache."""
+    import ray
+
+    from jetflow.head import load_head
+    from jetflow.train.ray_train import train_on_ray
+
+    model_dir = tmp_path / "tiny-qwen3"
+    tiny.model.save_pretrained(model_dir)
+    cfg = TrainConfig(name="ray", num_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
+                      eval_sequences=2, checkpoint_every=1)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        metrics = train_on_ray(cfg, str(model_dir), features, tmp_path / "head", storage=tmp_path / "ray")
+    finally:
+        ray.shutdown()
+    assert metrics["step"] == 3 and "eval/chain_tau" in metrics
+    head = load_head(tmp_path / "head")
+    assert head.config.block_size == 6 and head.config.target_layer_ids == [1, 2, 3]
+    assert (tmp_path / "head" / "checkpoints").exists()

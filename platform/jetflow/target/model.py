@@ -34,6 +34,15 @@ def default_layer_ids(num_layers: int, k: int = 5) -> list[int]:
     return sorted({int(round(1 + i * (last - 1) / (k - 1))) for i in range(k)})
 
 
+def _load_tokenizer(auto, source: str, local_only: bool):
+    """A local model folder without tokenizer files still loads (token ids in, token ids out)."""
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                     "tokenizer.model", "vocab.json")):
+        return None
+    return auto.from_pretrained(source, local_files_only=local_only)
+
+
 class TargetModel:
     """A frozen HF causal LM with the operations speculative decoding needs. Batch size 1."""
 
@@ -91,7 +100,7 @@ class TargetModel:
         attempts = [True, False] if _HUB_ID.fullmatch(name) else [True]
         for i, local_only in enumerate(attempts):
             try:
-                tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+                tokenizer = _load_tokenizer(AutoTokenizer, source, local_only)
                 model = AutoModelForCausalLM.from_pretrained(
                     source, dtype=dtype, attn_implementation="sdpa", local_files_only=local_only
                 )

@@ -21,11 +21,16 @@ def _loop(config: dict) -> None:
     every = max(1, config["train"]["checkpoint_every"])
 
     def log(metrics: dict, step: int) -> None:
-        if step % every == 0 or any(k.startswith("eval/") for k in metrics):
+        if step % every == 0 and not any(k.startswith("eval/") for k in metrics):
             ray.train.report({**metrics, "step": step})
 
-    train(TrainConfig(**config["train"]), target, data, Path(config["out"]), log=log, progress=False,
-          rank=ctx.get_world_rank(), world=ctx.get_world_size())
+    out = Path(config["out"])
+    rank = ctx.get_world_rank()
+    metrics = train(TrainConfig(**config["train"]), target, data, out, log=log, progress=False,
+                    rank=rank, world=ctx.get_world_size())
+    # the trained head folder is the run's Ray checkpoint (rank 0 owns it; every rank reports)
+    checkpoint = ray.train.Checkpoint.from_directory(str(out)) if rank == 0 else None
+    ray.train.report({**metrics, "step": metrics.get("train/steps", 0)}, checkpoint=checkpoint)
 
 
 def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 1, use_gpu: bool = False,

@@ -158,7 +158,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}")
         metrics = {"train/loss": loss_sum, "train/lr": sched.get_last_lr()[0], "train/blocks": blocks}
-        if log and rank == 0:
+        if log:
             log(metrics, step)
         if rank == 0 and (step % cfg.checkpoint_every == 0 or step == total):
             _save_checkpoint(ckpt_root, step, head, opt, sched)
@@ -171,7 +171,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
     metrics.update(result.as_metrics())
     metrics.update({"train/seconds": seconds, "train/steps": step,
                     "train/draft_tokens_per_s": tokens_seen / seconds if seconds else 0.0})
-    if log and rank == 0:
+    if log:
         log(metrics, step)
     if rank == 0:
         save_head(head, out)
