@@ -40,6 +40,24 @@ def median_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times) * 1000
 
 
+def _timed_variants(target, cache, past, ids, pos, mask, walk_rows):
+    """(body, body + walk-row logits, body + all-row logits), each leaving the cache as it found it."""
+    n = ids.shape[0]
+
+    def body():
+        out = target.forward(ids, pos, cache, mask)
+        target.compact_cache(cache, past, torch.arange(0))
+        return out
+
+    def with_walk():
+        target.logits(body().hidden[: min(walk_rows, n)])
+
+    def naive():
+        target.logits(body().hidden)
+
+    return body, with_walk, naive
+
+
 @torch.inference_mode()
 def verify_curve(target: TargetModel, sizes, past: int, reps: int, walk_rows: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
@@ -53,20 +71,7 @@ def verify_curve(target: TargetModel, sizes, past: int, reps: int, walk_rows: in
         ids, pos = tree.token_tensor(), tree.depth_tensor() + past
         mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()), past) if n > 1 else None
 
-        def body():
-            out = target.forward(ids, pos, cache, mask)
-            target.compact_cache(cache, past, torch.arange(0))
-            return out
-
-        def with_walk():
-            out = body()
-            target.logits(out.hidden[: min(walk_rows, n)])
-
-        def naive():
-            out = body()
-            target.logits(out.hidden)
-
-        rows.append({"N": tree.size, "fns": (body, with_walk, naive)})
+        rows.append({"N": tree.size, "fns": _timed_variants(target, cache, past, ids, pos, mask, walk_rows)})
     # interleave the repetitions over all sizes, so machine noise spreads evenly instead of hitting one N
     samples = {(i, k): [] for i in range(len(rows)) for k in range(3)}
     for rep in range(reps + 1):
