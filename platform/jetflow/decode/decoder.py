@@ -43,6 +43,12 @@ class DecodeState:
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)
+    # per-call buffers (a Decoder may serve several generations at once; none of this is shared)
+    positions: torch.Tensor | None = None     # (limit + budget,) arange
+    mask_buf: torch.Tensor | None = None      # (1, 1, budget, limit + budget) tree-mask scratch
+    mask_ids: torch.Tensor | None = None      # (D,) the MASK token, block inputs after the anchor
+    layer_ids: tuple[int, ...] = ()
+    rng: torch.Generator | None = None
 
 
 class _PathLogits:
@@ -143,36 +149,37 @@ class Decoder:
                 "ask for fewer tokens"
             )
         # Per-call buffers: context features, tree mask and positions never reallocate per round.
-        self._gen = torch.Generator(device="cpu")
+        rng = torch.Generator(device="cpu")
         if cfg.seed is not None:
-            self._gen.manual_seed(cfg.seed)
-        self._layer_ids = head.config.target_layer_ids if spec else ()
-        self._pos = torch.arange(limit + cfg.budget, device=dev)
-        self._mask_buf = (torch.zeros((1, 1, cfg.budget, limit + cfg.budget), dtype=target.dtype, device=dev)
-                          if spec else None)
-        self._mask_ids = (torch.full((depth,), head.config.mask_token_id, dtype=torch.long, device=dev)
-                          if spec else None)
-        ctx = torch.empty((limit, target.hidden_size), dtype=target.dtype, device=dev) if spec else None
-
+            rng.manual_seed(cfg.seed)
+        state = DecodeState(
+            prompt_ids=list(prompt_ids), cache=target.new_cache(), past=len(prompt_ids) - 1, anchor=prompt_ids[-1],
+            ctx=torch.empty((limit, target.hidden_size), dtype=target.dtype, device=dev) if spec else None,
+            stats=DecodeStats(prompt_tokens=len(prompt_ids)),
+            positions=torch.arange(limit + cfg.budget, device=dev),
+            mask_buf=(torch.zeros((1, 1, cfg.budget, limit + cfg.budget), dtype=target.dtype, device=dev)
+                      if spec else None),
+            mask_ids=(torch.full((depth,), head.config.mask_token_id, dtype=torch.long, device=dev)
+                      if spec else None),
+            layer_ids=tuple(head.config.target_layer_ids) if spec else (),
+            rng=rng,
+        )
         t0 = time.perf_counter()
-        cache = target.new_cache()
-        past = len(prompt_ids) - 1
+        past = state.past
         if past:
-            out = target.forward(torch.tensor(prompt_ids[:-1], device=dev), self._pos[:past], cache, None,
-                                 self._layer_ids)
+            out = target.forward(torch.tensor(prompt_ids[:-1], device=dev), state.positions[:past], state.cache,
+                                 None, state.layer_ids)
             if spec:
-                ctx[:past] = head.project_context(out.features)
-        stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        stats.prefill_s = self._now() - t0
-        return DecodeState(prompt_ids=list(prompt_ids), cache=cache, past=past, anchor=prompt_ids[-1],
-                           ctx=ctx, stats=stats)
+                state.ctx[:past] = head.project_context(out.features)
+        state.stats.prefill_s = self._now() - t0
+        return state
 
     def draft_logits(self, state: DecodeState) -> torch.Tensor:
         """Head forward for the block [anchor, MASK x D] at positions past..past+D → (D, V) logits."""
         target, head, past = self.target, self.head, state.past
-        block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), self._mask_ids]))
-        h = head(state.ctx[None, :past], block[None], self._pos[None, :past],
-                 self._pos[None, past : past + head.config.block_size])
+        block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), state.mask_ids]))
+        h = head(state.ctx[None, :past], block[None], state.positions[None, :past],
+                 state.positions[None, past : past + head.config.block_size])
         return target.logits(h[0, 1:])
 
     def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
@@ -199,11 +206,11 @@ class Decoder:
         n = tree.size
         is_path = tree.max_depth == n - 1  # a chain: the plain causal mask is the tree mask
         if is_path:
-            positions, mask = self._pos[past : past + n], None
+            positions, mask = state.positions[past : past + n], None
         else:
             positions = tree.depth_tensor(dev) + past
-            mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()).to(dev), past, self._mask_buf)
-        out = target.forward(tree.token_tensor(dev), positions, state.cache, mask, self._layer_ids)
+            mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()).to(dev), past, state.mask_buf)
+        out = target.forward(tree.token_tensor(dev), positions, state.cache, mask, state.layer_ids)
         logits_at = _PathLogits(target, out.hidden, tree, round(self._lookahead_ema))
         tw = self._now()
 
@@ -212,7 +219,7 @@ class Decoder:
             acc = walk(tree, lambda node: int(logits_at(node).argmax()))
         else:
             acc = walk(tree, lambda node: int(torch.multinomial(
-                target_probs(logits_at(node), cfg.temperature, cfg.top_k, cfg.top_p), 1, generator=self._gen)))
+                target_probs(logits_at(node), cfg.temperature, cfg.top_k, cfg.top_p), 1, generator=state.rng)))
 
         # 5. keep KV and features of root + accepted nodes; the bonus becomes the next anchor
         keep = torch.tensor(acc.path, device=dev)
