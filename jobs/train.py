@@ -10,7 +10,6 @@ A killed run resumes from its last checkpoint when rerun with the same options.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from jetflow.config_cli import add_dataclass_args, overrides

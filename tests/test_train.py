@@ -14,7 +14,7 @@ import torch
 from jetflow.data.features import FeatureCache, FeatureSpec, build_features
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
-from jetflow.train.blocks import block_inputs, sample_anchors, training_mask
+from jetflow.train.blocks import sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
 from jetflow.train.losses import chain_tau_from_hits, draft_loss
 from jetflow.train.trainer import block_forward, build_head, train

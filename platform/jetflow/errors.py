@@ -23,3 +23,7 @@ class InvalidSettingError(JetFlowError, ValueError):
 
 class PromptTooLongError(JetFlowError):
     """Prompt plus requested tokens exceed what the target can attend to."""
+
+
+class PromptSetUnavailableError(JetFlowError):
+    """A registered prompt set whose package (or a file in it) is not installed."""

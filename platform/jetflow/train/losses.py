@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from jetflow.errors import InvalidSettingError
 
