@@ -20,7 +20,7 @@ class TrainConfig:
     tap_norm: bool = True            # measured: SmolLM2's tapped outliers collapse raw fc inputs
     anchor_shortcut: bool = False
     # initialisation
-    zero_init: bool = True           # zero o_proj/down_proj, damped final norm: loss starts near ln(V)
+    zero_init: bool = True           # zero o_proj/down_proj: each layer starts as the identity
     init_from_target: bool = False   # copy the target's top layers into the head
     # objective and optimiser
     loss: str = "fkl"
