@@ -23,21 +23,11 @@ import torch
 
 from jetflow.data import load_prompts
 from jetflow.decode import DecodeConfig, Decoder, encode_prompt
+from jetflow.eval.timing import median_ms
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.paths import jetflow_home
 from jetflow.target import TargetModel
 from jetflow.tree import build_tree
-
-
-def median_ms(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
 
 
 def _timed_variants(target, cache, past, ids, pos, mask, walk_rows):

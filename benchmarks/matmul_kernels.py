@@ -4,22 +4,11 @@ oneDNN weight prepacking would buy. Prints a markdown table; median of repeated 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def median_ms(fn, reps: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+from jetflow.eval.timing import median_ms
 
 
 def main() -> None:
