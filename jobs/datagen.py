@@ -32,11 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(json.loads((out / "manifest.json").read_text()), indent=2))
         if not args.no_features:
             from jetflow.target import TargetModel
-            from jetflow.target.model import default_layer_ids
 
             target = TargetModel.load(cfg.model)
-            spec = FeatureSpec(layer_ids=tuple(default_layer_ids(target.num_layers, base.train.num_taps)),
-                               max_len=args.feature_max_len or base.features_max_len)
+            spec = FeatureSpec.for_target(target, base.train.num_taps, args.feature_max_len or base.features_max_len)
             print(build_features(out, target, spec))
     except JetFlowError as exc:
         print(f"datagen: error: {exc}", file=sys.stderr)

@@ -33,6 +33,13 @@ class FeatureSpec:
     teacher_topk: int = 8
     shard_sequences: int = 64
 
+    @classmethod
+    def for_target(cls, target, num_taps: int, max_len: int) -> "FeatureSpec":
+        """The default taps (spread from layer 1 to n-3) of `target`."""
+        from jetflow.target.model import default_layer_ids
+
+        return cls(layer_ids=tuple(default_layer_ids(target.num_layers, num_taps)), max_len=max_len)
+
     def bytes_per_token(self, hidden: int) -> int:
         return 2 * len(self.layer_ids) * hidden + 4 + 6 * self.teacher_topk
 

@@ -80,7 +80,7 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     """Answer one shard of prompts and write it atomically. Returns counts."""
     import torch
 
-    from jetflow.decode.prompt import encode_prompt
+    from jetflow.decode.prompt import encode_prompt, stop_token_ids
     from jetflow.target import TargetModel
 
     target = target or TargetModel.load(cfg.model)
@@ -95,8 +95,7 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
             continue
         encoded.append((item.id, ids))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos = set(target.model.generation_config.eos_token_id if isinstance(
-        target.model.generation_config.eos_token_id, list) else [target.model.generation_config.eos_token_id])
+    eos = stop_token_ids(target)  # the same stops the decoder uses
     gen_tokens = 0
     for b in range(0, len(encoded), cfg.batch_size):
         batch = encoded[b : b + cfg.batch_size]

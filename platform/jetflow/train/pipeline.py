@@ -85,10 +85,7 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     timings["datagen_s"] = time.perf_counter() - t0
 
     target = TargetModel.load(model)
-    from jetflow.target.model import default_layer_ids
-
-    spec = FeatureSpec(layer_ids=tuple(default_layer_ids(target.num_layers, tcfg.num_taps)),
-                       max_len=p.features_max_len)
+    spec = FeatureSpec.for_target(target, tcfg.num_taps, p.features_max_len)
     t0 = time.perf_counter()
     feat_dir = build_features(regen_dir, target, spec)
     timings["features_s"] = time.perf_counter() - t0
