@@ -3,6 +3,7 @@ Fast tests use a tiny random Qwen3 whose 'regenerated' data is its own greedy ou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from jetflow.data.features import FeatureCache, FeatureSpec, build_features
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
+from jetflow.head import DraftHead
 from jetflow.train.blocks import sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
 from jetflow.train.losses import chain_tau_from_hits, draft_loss
@@ -74,12 +76,20 @@ def test_training_mask_sees_context_before_the_anchor_and_only_its_own_block(cau
             assert bool(m[q, 10 + k]) == (b2 == b and (i2 <= i or not causal))
 
 
-@pytest.mark.parametrize("causal,shortcut", [(True, False), (True, True), (False, False), (False, True)])
-def test_block_logits_in_the_batched_training_forward_equal_the_inference_forward(tiny, features, causal, shortcut):
+@pytest.mark.parametrize("causal,shortcut,vocab", [(True, False, 0), (True, True, 0), (False, False, 0),
+                                                   (False, True, 0), (True, False, 64)])
+def test_block_logits_in_the_batched_training_forward_equal_the_inference_forward(tiny, features, causal, shortcut,
+                                                                                 vocab):
     """The bug class behind 'great validation numbers, nothing accepted': train and infer must agree."""
     data = FeatureCache(features)
     cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, zero_init=False)
-    head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"]).eval()
+    head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"])
+    if vocab:  # a draft vocabulary (the tiny target has no tokenizer to count a corpus with)
+        sub = DraftHead(dataclasses.replace(head.config, draft_vocab_size=vocab))
+        sub.load_state_dict(head.state_dict(), strict=False)
+        sub.set_draft_vocab(torch.arange(0, 2 * vocab, 2))
+        head = sub
+    head = head.eval()
     seq = data[3]
     anchors = sample_anchors(seq["response_start"], len(seq["tokens"]), 6, 8, torch.Generator().manual_seed(1))
     with torch.no_grad():

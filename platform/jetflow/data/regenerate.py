@@ -96,6 +96,9 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
         encoded.append((item.id, ids))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = stop_token_ids(target)  # the same stops the decoder uses
+    # Batch prompts of similar length: left padding is paid in every layer of every step (a 373-token
+    # prompt in a batch of ~100-token ones halved throughput, measured).
+    encoded.sort(key=lambda item: (len(item[1]), item[0]))
     gen_tokens = 0
     for b in range(0, len(encoded), cfg.batch_size):
         batch = encoded[b : b + cfg.batch_size]

@@ -175,18 +175,19 @@ class Decoder:
         return state
 
     def draft_logits(self, state: DecodeState) -> torch.Tensor:
-        """Head forward for the block [anchor, MASK x D] at positions past..past+D → (D, V) logits."""
+        """Head forward for the block [anchor, MASK x D] at positions past..past+D → (D, V') logits over the
+        head's output vocabulary (V' = its draft vocabulary, or the target's; `head.to_target_ids` maps)."""
         target, head, past = self.target, self.head, state.past
         block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), state.mask_ids]))
         h = head(state.ctx[None, :past], block[None], state.positions[None, :past],
                  state.positions[None, past : past + head.config.block_size])
-        return target.logits(h[0, 1:])
+        return head.output_logits(target, h[0, 1:])
 
     def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
         """Per-depth top-W draft (log-probs, tokens), D rows sorted by descending log-prob."""
         logp = torch.log_softmax(self.draft_logits(state).float(), dim=-1)
         top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
-        return top.values.tolist(), top.indices.tolist()
+        return top.values.tolist(), self.head.to_target_ids(top.indices).tolist()
 
     def _round(self, state: DecodeState, cfg: DecodeConfig) -> None:
         target, stats, dev, past = self.target, state.stats, self.target.device, state.past

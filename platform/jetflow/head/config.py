@@ -26,6 +26,7 @@ class HeadConfig:
     causal: bool = True                  # False = the DFlash bidirectional baseline
     tap_norm: bool = False               # RMSNorm each tapped layer before fc (activation outliers)
     anchor_shortcut: bool = False        # add the context feature of position T-1 to every block input
+    draft_vocab_size: int = 0            # > 0: draft only over this many target ids (stored as `draft_vocab`)
     num_target_layers: int = 0
     target_model_id: str = ""
     target_revision: str = ""
@@ -40,6 +41,9 @@ class HeadConfig:
             raise InvalidSettingError("target_layer_ids must name at least one target layer")
         if self.num_attention_heads % self.num_key_value_heads:
             raise InvalidSettingError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise InvalidSettingError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = full vocab), "
+                                      f"got {self.draft_vocab_size}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise InvalidSettingError(f"mask_token_id {self.mask_token_id} outside vocab of {self.vocab_size}")
 
@@ -114,6 +118,7 @@ class HeadConfig:
             "jetflow": {
                 "tap_norm": self.tap_norm,
                 "anchor_shortcut": self.anchor_shortcut,
+                "draft_vocab_size": self.draft_vocab_size,
                 "target_model_id": self.target_model_id,
                 "target_revision": self.target_revision,
                 "extra": self.extra,
@@ -144,6 +149,7 @@ class HeadConfig:
             causal=bool(causal),
             tap_norm=bool(jf.get("tap_norm", False)),
             anchor_shortcut=bool(jf.get("anchor_shortcut", False)),
+            draft_vocab_size=int(jf.get("draft_vocab_size", 0)),
             num_target_layers=d.get("num_target_layers", 0),
             target_model_id=jf.get("target_model_id", ""),
             target_revision=jf.get("target_revision", ""),

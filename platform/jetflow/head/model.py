@@ -109,6 +109,10 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        if cfg.draft_vocab_size:
+            # target ids the head drafts over, ascending; set by `set_draft_vocab`, saved with the weights
+            self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size), persistent=True)
+        self._lm_cache: tuple | None = None
         self.apply(self._init)
 
     @staticmethod
@@ -160,6 +164,42 @@ class DraftHead(nn.Module):
         for layer in self.layers:
             x = layer(x, context, rope_q, rope_kv, mask)
         return self.norm(x)
+
+    # ------------------------------------------------------------ output vocabulary
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """(draft_vocab_size,) distinct target ids → the vocabulary drafted over."""
+        ids = torch.as_tensor(ids, dtype=torch.long).unique(sorted=True)
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"draft vocab needs {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
+        self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+        self._lm_cache = None
+
+    def output_logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) final-normed hidden → (..., V') logits through the target's frozen LM head, V' = the
+        draft vocabulary (index i is target id `draft_vocab[i]`) or the full vocabulary."""
+        if not self.config.draft_vocab_size:
+            return target.logits(hidden)
+        weight = target.lm_head_weight
+        key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version)
+        if self._lm_cache is None or self._lm_cache[0] != key:
+            self._lm_cache = (key, weight.detach()[self.draft_vocab].contiguous())
+        sub = self._lm_cache[1]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        out = (sub @ flat.T).T  # (V', H) @ (H, m): the faster orientation for few rows on CPU
+        if target.lm_head_bias is not None:
+            out = out + target.lm_head_bias[self.draft_vocab]
+        return out.reshape(*hidden.shape[:-1], sub.shape[0])
+
+    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into `output_logits` → target token ids."""
+        return self.draft_vocab[index] if self.config.draft_vocab_size else index
+
+    def to_draft_index(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids → indices into `output_logits`; -1 for ids outside the draft vocabulary."""
+        if not self.config.draft_vocab_size:
+            return ids
+        pos = torch.searchsorted(self.draft_vocab, ids).clamp(max=self.draft_vocab.numel() - 1)
+        return torch.where(self.draft_vocab[pos] == ids, pos, torch.full_like(pos, -1))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

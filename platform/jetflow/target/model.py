@@ -121,6 +121,15 @@ class TargetModel:
         """(..., ) long → (..., H) input embeddings (frozen, shared with the draft head)."""
         return self._embed(ids)
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """(V, H) the frozen output embedding (a draft vocabulary slices its rows)."""
+        return self._lm_head.weight
+
+    @property
+    def lm_head_bias(self) -> torch.Tensor | None:
+        return self._lm_head.bias
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) final-normed hidden → (..., V) logits (frozen LM head, shared with the draft head)."""
         flat = hidden.reshape(-1, hidden.shape[-1])

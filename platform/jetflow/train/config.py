@@ -19,6 +19,7 @@ class TrainConfig:
     num_taps: int = 5
     tap_norm: bool = True            # measured: SmolLM2's tapped outliers collapse raw fc inputs
     anchor_shortcut: bool = False
+    draft_vocab: int = 0             # > 0: draft over the N most frequent ShareGPT ids (0 = full vocab)
     # initialisation
     zero_init: bool = True           # zero o_proj/down_proj: each layer starts as the identity
     init_from_target: bool = False   # copy the target's top layers into the head
@@ -52,6 +53,8 @@ class TrainConfig:
         for name in ("num_taps", "seqs_per_step", "checkpoint_every", "eval_width", "eval_budget"):
             if getattr(self, name) < 1:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab < 0:
+            raise InvalidSettingError(f"draft_vocab must be >= 0 (0 = the target's full vocabulary), got {self.draft_vocab}")
         if self.lr <= 0 or self.gamma < 0 or self.epochs <= 0:
             raise InvalidSettingError("lr and epochs must be > 0 and gamma >= 0")
 

@@ -21,6 +21,8 @@ def depth_weights(depth: int, gamma: float, device=None) -> torch.Tensor:
 def draft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,
                kind: str = "fkl", gamma: float = 0.0) -> torch.Tensor:
     """logits (N, D, V) draft; labels (N, D); teacher_ids / teacher_logp (N, D, K). Scalar loss.
+    Ids of -1 (outside a draft vocabulary) carry no loss: such labels are skipped, and the teacher is
+    renormalised over its in-vocabulary top-K.
 
     fkl: forward KL(teacher || draft) with the teacher truncated to its top-K and renormalised
          (= soft cross-entropy up to the teacher's entropy, a constant);
@@ -32,15 +34,20 @@ def draft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_ids: torch.Te
     n, d, _ = logits.shape
     logq = torch.log_softmax(logits.float(), dim=-1)
     if kind == "ce":
-        per = -logq.gather(-1, labels[..., None])[..., 0]
+        known = labels >= 0
+        per = -logq.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * known
     else:
-        t_logp = torch.log_softmax(teacher_logp.float(), dim=-1)  # renormalise over the top-K
-        q_k = logq.gather(-1, teacher_ids)                           # (N, D, K)
+        known = teacher_ids >= 0                                     # (N, D, K)
+        # renormalise over the (in-vocabulary) top-K; a row with none of it contributes nothing
+        # (finite fills: a fully masked row stays NaN-free in forward and backward)
+        t_logp = torch.log_softmax(teacher_logp.float().masked_fill(~known, -1e4), dim=-1)
+        q_k = logq.gather(-1, teacher_ids.clamp(min=0))              # (N, D, K)
+        row = known.any(-1)
         if kind == "fkl":
-            per = -(t_logp.exp() * q_k).sum(-1)
+            per = -(t_logp.exp() * q_k).sum(-1) * row
         else:
-            q_norm = torch.log_softmax(q_k, dim=-1)
-            per = (q_norm.exp() * (q_norm - t_logp)).sum(-1)
+            q_norm = torch.log_softmax(q_k.masked_fill(~known, -1e4), dim=-1)
+            per = (q_norm.exp() * (q_norm - t_logp)).sum(-1) * row
     w = depth_weights(d, gamma, logits.device)
     return (per * w).sum() / (w.sum() * n)
 

@@ -31,8 +31,14 @@ def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
     torch.manual_seed(cfg.seed)
     hc = HeadConfig.for_target(target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size,
                                causal=cfg.causal, target_layer_ids=list(layer_ids), tap_norm=cfg.tap_norm,
-                               anchor_shortcut=cfg.anchor_shortcut)
+                               anchor_shortcut=cfg.anchor_shortcut, draft_vocab_size=cfg.draft_vocab)
     head = DraftHead(hc)
+    if cfg.draft_vocab:
+        from jetflow.data.vocab import build_draft_vocab
+        from jetflow.decode.prompt import stop_token_ids
+
+        head.set_draft_vocab(build_draft_vocab(target.tokenizer, cfg.draft_vocab, always=stop_token_ids(target),
+                                               vocab_size=target.vocab_size))
     if cfg.init_from_target:
         src = target.model.model.layers[-cfg.num_layers:]
         for dst, layer in zip(head.layers, src):
@@ -50,7 +56,8 @@ def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
 
 
 def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor):
-    """One sequence, all its blocks in one forward → draft logits (N, D, V) and labels (N, D)."""
+    """One sequence, all its blocks in one forward → draft logits (N, D, V') over the head's output
+    vocabulary and labels (N, D) as indices into it (-1: outside a draft vocabulary)."""
     cfg = head.config
     tokens = seq["tokens"]
     s = tokens.shape[0]
@@ -61,12 +68,13 @@ def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor):
     mask = training_mask(anchors, s, cfg.block_size, cfg.causal)
     h = head(ctx, block, torch.arange(s)[None], pos[None], mask)[0]
     h = h.view(anchors.shape[0], cfg.block_size, -1)[:, 1:]
-    return target.logits(h), block_labels(tokens, anchors, cfg.block_size)
+    return head.output_logits(target, h), head.to_draft_index(block_labels(tokens, anchors, cfg.block_size))
 
 
-def _teacher(seq: dict, anchors: torch.Tensor, block_size: int):
-    rows = anchors[:, None] + torch.arange(block_size - 1)  # teacher row a+k-1 predicts x_{a+k}
-    return seq["teacher_ids"][rows], seq["teacher_logp"][rows]
+def _teacher(seq: dict, anchors: torch.Tensor, head: DraftHead):
+    """The teacher's top-K (ids as indices into the head's output vocabulary, -1 outside; log-probs)."""
+    rows = anchors[:, None] + torch.arange(head.config.block_size - 1)  # teacher row a+k-1 predicts x_{a+k}
+    return head.to_draft_index(seq["teacher_ids"][rows].long()), seq["teacher_logp"][rows]
 
 
 def _anchors(cfg: TrainConfig, seq: dict, index: int, block_size: int) -> torch.Tensor:
@@ -138,7 +146,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
             if anchors.numel() == 0:
                 continue
             logits, labels = block_forward(head, target, seq, anchors)
-            t_ids, t_logp = _teacher(seq, anchors, cfg.block_size)
+            t_ids, t_logp = _teacher(seq, anchors, head)
             loss = draft_loss(logits, labels, t_ids, t_logp, cfg.loss, cfg.gamma) / cfg.seqs_per_step
             loss.backward()
             loss_sum += loss.item()
