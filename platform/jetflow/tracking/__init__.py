@@ -1,0 +1,30 @@
+"""MLflow tracking for JetFlow: one experiment per target (`jetflow/<target id>`), training and evaluation
+runs with lineage, heads registered as model versions with aliases, and the promotion gate.
+
+Default store: absolute sqlite at `$JETFLOW_HOME/mlflow.db`; `MLFLOW_TRACKING_URI` overrides (an MLflow
+server on a cluster)."""
+
+from jetflow.tracking.promotion import GATE_METRICS, PromotionDecision, promote
+from jetflow.tracking.registry import (
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS_CHAMPION,
+    RegisteredHead,
+    find_version,
+    register_head,
+    registered_model_name,
+    resolve_alias,
+    resolve_head_uri,
+    set_alias,
+    set_tree_config,
+)
+from jetflow.tracking.report import EvalReport, metric_suffix, parse_metric_key, validate_report
+from jetflow.tracking.runs import log_evaluation, log_training_run, register_head_folder
+from jetflow.tracking.store import experiment_for, tracking_uri
+
+__all__ = [
+    "CHALLENGER", "CHAMPION", "GATE_METRICS", "PREVIOUS_CHAMPION", "EvalReport", "PromotionDecision",
+    "RegisteredHead", "experiment_for", "find_version", "log_evaluation", "log_training_run", "metric_suffix",
+    "parse_metric_key", "promote", "register_head", "register_head_folder", "registered_model_name",
+    "resolve_alias", "resolve_head_uri", "set_alias", "set_tree_config", "tracking_uri", "validate_report",
+]

@@ -1,0 +1,174 @@
+"""The promotion gate: `champion` moves to a challenger version only if the challenger's latest evaluation
+is lossless and beats the champion's on the same eval sets by a relative margin; otherwise it says why.
+
+Score of a head on one eval set = the best value of the chosen metric over its own methods (chain, tree)
+and settings at temperature 0 in that evaluation run — what the budget sweep would serve. The gate
+compares the mean of those per-set scores over the eval sets both runs measured."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from mlflow.entities import Run
+
+from jetflow.errors import InvalidSettingError
+from jetflow.tracking.registry import (
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS_CHAMPION,
+    eval_runs,
+    get_version,
+    registered_model_name,
+)
+from jetflow.tracking.report import HEAD_METHODS, parse_metric_key
+from jetflow.tracking.store import client
+
+# Gate metric → the metric-key kind it reads in evaluation runs.
+GATE_METRICS = {"speedup": "speedup_vs_ar", "tau": "tau"}
+LOSSLESS = "lossless"
+GATE_TAG = "jetflow.last_gate"
+_EVAL_HINT = "evaluate it first (jobs/evaluate.py, which logs an eval run tagged with the version)"
+
+
+@dataclass
+class PromotionDecision:
+    promoted: bool
+    reason: str
+    name: str
+    challenger_version: str
+    champion_version: str | None = None       # the champion before this decision
+    metric: str = "speedup"
+    margin: float = 0.02
+    eval_sets: list[str] = field(default_factory=list)
+    challenger_score: float | None = None     # mean over eval_sets of the per-set best
+    champion_score: float | None = None
+    per_set: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    challenger_run_id: str | None = None
+    champion_run_id: str | None = None
+
+    def summary(self) -> str:
+        verdict = "PROMOTED" if self.promoted else "REFUSED"
+        before = f"v{self.champion_version}" if self.champion_version else "none"
+        lines = [f"{verdict}: {self.name} v{self.challenger_version} (champion before: {before})",
+                 f"reason: {self.reason}"]
+        for name, s in sorted(self.per_set.items()):
+            champ = "-" if s.get("champion") is None else f"{s['champion']:.3f}"
+            lines.append(f"  {name}: {self.metric} challenger {s['challenger']:.3f} champion {champ}")
+        return "\n".join(lines)
+
+
+def set_scores(run: Run, metric: str) -> dict[str, float]:
+    """Per eval set, the best `metric` of the head's own methods at temperature 0 in one eval run."""
+    kind, best = GATE_METRICS[metric], {}
+    for key, value in run.data.metrics.items():
+        k = parse_metric_key(key)
+        if k is None or k.kind != kind or k.method not in HEAD_METHODS or k.temperature != 0 or math.isnan(value):
+            continue
+        best[k.dataset] = max(value, best.get(k.dataset, -math.inf))
+    return best
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def _record(decision: PromotionDecision) -> PromotionDecision:
+    # The verdict stays on the version, so the registry UI shows why a challenger did or did not move.
+    summary = {k: v for k, v in asdict(decision).items() if k not in ("per_set", "name")}
+    summary["at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    client().set_model_version_tag(decision.name, decision.challenger_version, GATE_TAG, json.dumps(summary))
+    return decision
+
+
+def promote(target_id: str, challenger_version: str, metric: str = "speedup", margin: float = 0.02,
+            eval_sets: list[str] | None = None) -> PromotionDecision:
+    """Move `champion` to `challenger_version` (a number or an alias such as "challenger") if the gate
+    passes; the old champion stays reachable as `previous-champion`. `margin` is relative (0.02 = the
+    challenger must be more than 2 % better). `eval_sets` restricts the comparison to those sets.
+    Raises HeadNotFoundError / InvalidSettingError for bad input; a refusal is a decision, not an error."""
+    if metric not in GATE_METRICS:
+        raise InvalidSettingError(f"gate metric must be one of {', '.join(GATE_METRICS)}, got {metric!r}")
+    if not margin >= 0:
+        raise InvalidSettingError(f"margin must be >= 0 (relative, 0.02 = 2 %), got {margin}")
+    name = registered_model_name(target_id)
+    mv = get_version(name, str(challenger_version))
+    version = str(mv.version)
+    aliases = client().get_registered_model(name).aliases
+    champion = str(aliases[CHAMPION]) if CHAMPION in aliases else None
+    d = PromotionDecision(False, "", name, version, champion, metric, margin)
+
+    if champion == version:
+        d.reason = f"v{version} is already the champion"
+        return d
+    runs = eval_runs(target_id, name, version, max_results=1)
+    if not runs:
+        d.reason = f"v{version} has no finished evaluation run; {_EVAL_HINT}"
+        return _record(d)
+    run = runs[0]
+    d.challenger_run_id = run.info.run_id
+    lossless = run.data.metrics.get(LOSSLESS)
+    if lossless is None:
+        d.reason = f"its latest evaluation (run {run.info.run_id}) did not check losslessness; {_EVAL_HINT}"
+        return _record(d)
+    if lossless < 1.0:
+        d.reason = (f"v{version} is not lossless: its latest evaluation (run {run.info.run_id}) found outputs "
+                    "that differ from greedy AR decoding")
+        return _record(d)
+    mine = set_scores(run, metric)
+    if eval_sets:
+        missing = sorted(set(eval_sets) - set(mine))
+        if missing:
+            d.reason = f"the challenger's latest evaluation has no {metric} on eval sets {missing}"
+            return _record(d)
+        mine = {s: mine[s] for s in eval_sets}
+    if not mine:
+        d.reason = (f"the challenger's latest evaluation (run {run.info.run_id}) has no {metric} for chain/tree "
+                    "at temperature 0")
+        return _record(d)
+
+    if champion is None:
+        d.eval_sets, d.challenger_score = sorted(mine), _mean(mine.values())
+        d.per_set = {s: {"challenger": v, "champion": None} for s, v in mine.items()}
+        d.promoted, d.reason = True, f"no champion yet; v{version} is lossless on {', '.join(d.eval_sets)}"
+        slower = sorted(s for s, v in mine.items() if metric == "speedup" and v < 1.0)
+        if slower:  # allowed (any lossless head beats having none to compare against), but say it
+            d.reason += f" (note: slower than AR on {', '.join(slower)})"
+        return _move(d)
+
+    for champ_run in eval_runs(target_id, name, champion):  # newest first: the latest one on shared sets
+        theirs = set_scores(champ_run, metric)
+        common = sorted(set(mine) & set(theirs))
+        if common:
+            break
+    else:
+        d.reason = (f"champion v{champion} has no evaluation on the same eval sets as the challenger "
+                    f"({', '.join(sorted(mine))}); evaluate both on the same sets")
+        return _record(d)
+    d.champion_run_id, d.eval_sets = champ_run.info.run_id, common
+    d.challenger_score = _mean(mine[s] for s in common)
+    d.champion_score = _mean(theirs[s] for s in common)
+    d.per_set = {s: {"challenger": mine[s], "champion": theirs[s]} for s in common}
+    gain = d.challenger_score / d.champion_score - 1 if d.champion_score > 0 else math.inf
+    if gain > margin:
+        d.promoted = True
+        d.reason = (f"lossless and {metric} {d.challenger_score:.3f} vs champion's {d.champion_score:.3f} "
+                    f"({gain:+.1%} > margin {margin:.1%}) on {', '.join(common)}")
+        return _move(d)
+    d.reason = (f"{metric} {d.challenger_score:.3f} vs champion v{champion}'s {d.champion_score:.3f} "
+                f"({gain:+.1%}) does not beat it by the margin {margin:.1%} on {', '.join(common)}")
+    return _record(d)
+
+
+def _move(d: PromotionDecision) -> PromotionDecision:
+    """previous-champion first, then champion: a crash in between leaves the old champion serving."""
+    c = client()
+    if d.champion_version is not None:
+        c.set_registered_model_alias(d.name, PREVIOUS_CHAMPION, d.champion_version)
+    c.set_registered_model_alias(d.name, CHAMPION, d.challenger_version)
+    if str(c.get_registered_model(d.name).aliases.get(CHALLENGER)) == d.challenger_version:
+        c.delete_registered_model_alias(d.name, CHALLENGER)  # it is the champion now
+    return _record(d)

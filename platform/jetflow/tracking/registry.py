@@ -1,0 +1,279 @@
+"""Heads in the MLflow model registry: one registered model per target, one version per trained head
+(registered from the training run's plain `head/` artifacts, with lineage tags), aliases `champion`,
+`challenger`, `previous-champion`, the best tree config as a version tag, and `models:/` URIs resolved to
+a local head folder that `jetflow.head.load_head` reads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+
+from mlflow.entities import Run
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import (
+    RESOURCE_ALREADY_EXISTS,
+    RESOURCE_DOES_NOT_EXIST,
+    ErrorCode,
+)
+
+from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
+from jetflow.tracking.store import client, experiment_for, local_root, safe_name, tracking_uri
+
+NAME_SUFFIX = "-jetflow-head"
+CHAMPION, CHALLENGER, PREVIOUS_CHAMPION = "champion", "challenger", "previous-champion"
+TREE_CONFIG_TAG = "jetflow.tree_config"
+WEIGHTS_TAG = "jetflow.weights_sha256"
+HEAD_ARTIFACT = "head"
+CACHE_DIR = "registry"  # downloaded versions: <local root>/registry/<store hash>/<name>/<version>/
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
+# Lineage copied from the training run's tags onto the registered version.
+_LINEAGE_TAGS = ("jetflow.target.id", "jetflow.target.revision", "jetflow.data.manifest_sha256",
+                 "jetflow.git_commit", "jetflow.git_dirty", "jetflow.head.arch", "jetflow.head.name", WEIGHTS_TAG)
+
+
+def _code(exc: MlflowException, code: int) -> bool:
+    return exc.error_code == ErrorCode.Name(code)
+
+
+def registered_model_name(target_id: str) -> str:
+    """One registered model per target: "smollm2-135m" → "smollm2-135m-jetflow-head"."""
+    return safe_name(target_id) + NAME_SUFFIX
+
+
+# --------------------------------------------------------------------------- head folder facts
+def weights_sha256(head_dir: str | Path) -> str:
+    """sha256 of model.safetensors: identifies a head across folders, runs and registry copies."""
+    h = hashlib.sha256()
+    with open(Path(head_dir) / "model.safetensors", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _parameter_count(weights: Path) -> int:
+    # The safetensors header (u64 length + JSON) lists every tensor's shape; no need to load weights.
+    with open(weights, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+
+
+def arch_summary(head_dir: str | Path) -> str:
+    """One line, e.g. "causal 2L h576 block16 taps[1,8,14,20,27] tap_norm 8.7M params"."""
+    head_dir = Path(head_dir)
+    cfg = json.loads((head_dir / "config.json").read_text())
+    dc, jf = cfg.get("dflash_config", {}), cfg.get("jetflow", {})
+    parts = ["causal" if dc.get("causal", cfg.get("is_causal", False)) else "bidirectional",
+             f"{cfg.get('num_hidden_layers')}L", f"h{cfg.get('hidden_size')}",
+             f"block{dc.get('block_size', cfg.get('block_size'))}",
+             "taps[" + ",".join(map(str, dc.get("target_layer_ids", []))) + "]"]
+    parts += [flag for flag in ("tap_norm", "anchor_shortcut") if jf.get(flag)]
+    parts.append(f"{_parameter_count(head_dir / 'model.safetensors') / 1e6:.1f}M params")
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- registering
+def _ensure_registered_model(name: str, target_id: str) -> None:
+    try:
+        client().create_registered_model(name, tags={"jetflow.target.id": target_id},
+                                         description=f"JetFlow draft heads for target {target_id}")
+    except MlflowException as exc:
+        if not _code(exc, RESOURCE_ALREADY_EXISTS):
+            raise
+
+
+def register_head(train_run_id: str, target_id: str, tags: dict[str, str] | None = None) -> str:
+    """Register the `head/` artifacts of a training run (from `log_training_run`) as a new version of
+    `registered_model_name(target_id)`; returns the version number as a string. The version's source is
+    `runs:/<run>/head` (plain safetensors + config.json; no MLflow flavor), and it carries lineage tags:
+    training run id, data manifest hash, git commit, architecture summary, target id/revision, weights sha256."""
+    c = client()
+    try:
+        run = c.get_run(train_run_id)
+    except MlflowException as exc:
+        if _code(exc, RESOURCE_DOES_NOT_EXIST):
+            raise HeadNotFoundError(f"no run {train_run_id!r} in {tracking_uri()}; log the head first "
+                                    "(jobs/register.py does both)") from None
+        raise
+    have = {Path(a.path).name for a in c.list_artifacts(train_run_id, HEAD_ARTIFACT)}
+    if not {"config.json", "model.safetensors"} <= have:
+        raise HeadNotFoundError(f"run {train_run_id} has no head/config.json + head/model.safetensors artifacts; "
+                                "log it with jetflow.tracking.log_training_run")
+    run_target = run.data.tags.get("jetflow.target.id")
+    if run_target and run_target != target_id:
+        raise HeadMismatchError(f"run {train_run_id} trained a head for {run_target!r}, not {target_id!r}")
+    name = registered_model_name(target_id)
+    _ensure_registered_model(name, target_id)
+    lineage = {k: run.data.tags[k] for k in _LINEAGE_TAGS if k in run.data.tags}
+    lineage.update({"jetflow.train_run_id": train_run_id, "jetflow.target.id": target_id})
+    lineage.update({k: str(v) for k, v in (tags or {}).items()})
+    mv = c.create_model_version(name, source=f"runs:/{train_run_id}/{HEAD_ARTIFACT}", run_id=train_run_id,
+                                tags=lineage, description=lineage.get("jetflow.head.arch"))
+    return str(mv.version)
+
+
+# --------------------------------------------------------------------------- looking versions up
+def get_version(name: str, version_or_alias: str) -> ModelVersion:
+    """A version by number ("3") or alias ("champion"); HeadNotFoundError saying what exists instead."""
+    c = client()
+    try:
+        model = c.get_registered_model(name)
+    except MlflowException as exc:
+        if _code(exc, RESOURCE_DOES_NOT_EXIST):
+            raise HeadNotFoundError(f"no registered model {name!r} in {tracking_uri()}; register a head first "
+                                    "(jobs/register.py --head <folder>)") from None
+        raise
+    version = str(version_or_alias)
+    if not version.isdigit():
+        if version not in model.aliases:
+            known = ", ".join(f"{a}→v{v}" for a, v in sorted(model.aliases.items())) or "none"
+            raise HeadNotFoundError(f"{name} has no alias {version!r} (aliases: {known})")
+        version = str(model.aliases[version])
+    try:
+        return c.get_model_version(name, version)
+    except MlflowException as exc:
+        if _code(exc, RESOURCE_DOES_NOT_EXIST):
+            latest = max((int(v.version) for v in c.search_model_versions(f"name='{name}'")), default=0)
+            raise HeadNotFoundError(f"{name} has no version {version} (latest is {latest})") from None
+        raise
+
+
+def parse_models_uri(uri: str) -> tuple[str, str]:
+    """`models:/NAME@ALIAS` or `models:/NAME/VERSION` → (NAME, ALIAS or VERSION)."""
+    m = _MODELS_URI.match(uri.strip())
+    if m is None:
+        raise HeadNotFoundError(f"{uri!r} is not a registry URI; use models:/NAME@ALIAS or models:/NAME/VERSION "
+                                f"(e.g. models:/{registered_model_name('smollm2-135m')}@{CHAMPION})")
+    return m["name"], m["alias"] or m["version"]
+
+
+def find_version(target_id: str, uri: str | None = None, path: str | Path | None = None) -> ModelVersion | None:
+    """The registered version a head came from: by its `models:/` URI, else by its weights' sha256
+    (the newest version with those weights). None when it is not registered."""
+    if uri:
+        try:
+            return get_version(*parse_models_uri(uri))
+        except HeadNotFoundError:  # not in this store (say, another one's URI): try the weights
+            pass
+    if path and (Path(path) / "model.safetensors").exists():
+        name, sha = registered_model_name(target_id), weights_sha256(path)
+        found = client().search_model_versions(f"name='{name}' and tags.`{WEIGHTS_TAG}` = '{sha}'")
+        return max(found, key=lambda v: int(v.version), default=None)
+    return None
+
+
+def resolve_head_uri(uri: str) -> Path:
+    """`models:/NAME@ALIAS` or `models:/NAME/VERSION` → a local head folder (config.json +
+    model.safetensors) under `registry/` of the store's local root (beside a sqlite db, else
+    $JETFLOW_HOME), downloaded once per store and version (versions are immutable). HeadNotFoundError if the model, alias or version does not exist."""
+    name, ref = parse_models_uri(uri)
+    mv = get_version(name, ref)
+    uri_hash = hashlib.sha1(tracking_uri().encode()).hexdigest()[:10]  # one cache per store
+    dest = local_root() / CACHE_DIR / uri_hash / name / str(mv.version)
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{mv.version}-", dir=dest.parent))
+    try:
+        from mlflow.artifacts import download_artifacts
+
+        src = client().get_model_version_download_uri(name, str(mv.version))
+        got = Path(download_artifacts(artifact_uri=src, dst_path=str(tmp), tracking_uri=tracking_uri()))
+        if not (got / "config.json").exists() or not (got / "model.safetensors").exists():
+            raise HeadNotFoundError(f"{uri} (version {mv.version}, source {src}) holds no config.json + "
+                                    "model.safetensors; register a head folder written by jobs/train.py")
+        expected = mv.tags.get(WEIGHTS_TAG)
+        if expected and weights_sha256(got) != expected:
+            raise HeadMismatchError(f"{uri}: downloaded weights differ from the sha256 recorded at registration")
+        try:  # publish atomically; a concurrent replica may have won the race
+            os.rename(got, dest)
+        except OSError:
+            if not (dest / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# --------------------------------------------------------------------------- aliases, tree config
+def set_alias(name: str, alias: str, version: str, *, bypass_gate: bool = False) -> None:
+    """Point `alias` (e.g. "challenger") at `version`. `champion` moves only through the promotion gate
+    (`jetflow.tracking.promote`, jobs/promote.py) unless `bypass_gate=True`."""
+    if alias == CHAMPION and not bypass_gate:
+        raise InvalidSettingError("the champion alias moves only through the promotion gate: run "
+                                  "jobs/promote.py --version N (it checks losslessness and the margin)")
+    mv = get_version(name, str(version))
+    try:
+        client().set_registered_model_alias(name, alias, str(mv.version))
+    except MlflowException as exc:
+        raise InvalidSettingError(f"cannot set alias {alias!r}: {exc.message}") from None
+
+
+def set_tree_config(name: str, version: str, tree_config: dict) -> None:
+    """Store the tree config to serve this version with, as tag `jetflow.tree_config`
+    (JSON {"algorithm": str, "budget": int ≥ 1, "width": int ≥ 1}; the budget sweep writes its best)."""
+    algorithm, budget, width = (tree_config.get(k) for k in ("algorithm", "budget", "width"))
+    if not isinstance(algorithm, str) or not algorithm:
+        raise InvalidSettingError(f"tree_config needs an algorithm name (e.g. accum_logp), got {algorithm!r}")
+    for key, value in (("budget", budget), ("width", width)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidSettingError(f"tree_config {key} must be an integer >= 1, got {value!r}")
+    mv = get_version(name, str(version))
+    value = json.dumps({"algorithm": algorithm, "budget": budget, "width": width})
+    client().set_model_version_tag(name, str(mv.version), TREE_CONFIG_TAG, value)
+
+
+# --------------------------------------------------------------------------- champion lookup
+def eval_runs(target_id: str, name: str, version: str, max_results: int = 20) -> list[Run]:
+    """Finished evaluation runs of one registered version, newest first."""
+    flt = (f"tags.`jetflow.kind` = 'eval' and tags.`jetflow.head.registered_name` = '{name}' "
+           f"and tags.`jetflow.head.version` = '{version}' and attributes.status = 'FINISHED'")
+    return list(client().search_runs([experiment_for(target_id)], flt, max_results=max_results,
+                                     order_by=["attributes.start_time DESC"]))
+
+
+@dataclass
+class RegisteredHead:
+    """A registered version resolved to a local folder. `metrics` are those of its latest evaluation run
+    (τ, speedups, lossless), else of its training run; `tree_config` is the tag set by the budget sweep."""
+    name: str
+    version: str
+    path: Path
+    tree_config: dict | None = None
+    run_id: str | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+def resolve_alias(target_id: str, alias: str = CHAMPION) -> RegisteredHead | None:
+    """The head behind `alias` for `target_id`, downloaded; None if the target has no registered heads or
+    no such alias (not an error: serving falls back to its configured head)."""
+    name = registered_model_name(target_id)
+    try:
+        version = client().get_registered_model(name).aliases.get(alias)
+    except MlflowException as exc:
+        if _code(exc, RESOURCE_DOES_NOT_EXIST):
+            return None
+        raise
+    if version is None:
+        return None
+    mv = client().get_model_version(name, str(version))
+    path = resolve_head_uri(f"models:/{name}/{mv.version}")
+    runs = eval_runs(target_id, name, str(mv.version), max_results=1)
+    if runs:
+        metrics = dict(runs[0].data.metrics)
+    elif mv.run_id:
+        metrics = dict(client().get_run(mv.run_id).data.metrics)
+    else:
+        metrics = {}
+    tree = mv.tags.get(TREE_CONFIG_TAG)
+    return RegisteredHead(name=name, version=str(mv.version), path=path,
+                          tree_config=json.loads(tree) if tree else None, run_id=mv.run_id, metrics=metrics)

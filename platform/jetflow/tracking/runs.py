@@ -1,0 +1,273 @@
+"""Training and evaluation runs: params, metrics (per-depth ones step-indexed, step = depth), lineage
+tags, head files and plots as artifacts. Everything goes through an explicit `MlflowClient`, never the
+fluent active-run state, so logging works the same inside Ray Tune trials that hold their own run."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.utils.validation import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+)
+
+from jetflow.errors import HeadMismatchError, HeadNotFoundError
+from jetflow.tracking import plots, registry
+from jetflow.tracking.report import EvalReport, validate_report
+from jetflow.tracking.store import client, experiment_for
+
+KIND_TAG = "jetflow.kind"
+AGREEMENT_BY_DEPTH = "eval/agreement_by_depth"
+_AGREE_KEY = re.compile(r"^eval/agree_d(\d+)$")
+
+
+# --------------------------------------------------------------------------- run plumbing
+@contextmanager
+def _run(target_id: str, run_name: str | None, tags: dict[str, str], parent_run_id: str | None) -> Iterator[str]:
+    """A run in the target's experiment that always ends: FINISHED, or FAILED if logging raised."""
+    c = client()
+    tags = dict(tags)
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id  # how MLflow nests runs (sweep parent → trials)
+    run = c.create_run(experiment_for(target_id), run_name=run_name, tags=tags)
+    status = RunStatus.to_string(RunStatus.FAILED)
+    try:
+        yield run.info.run_id
+        status = RunStatus.to_string(RunStatus.FINISHED)
+    finally:
+        c.set_terminated(run.info.run_id, status)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
+    """Nested dicts → dotted param keys; lists and scalars → their JSON / str form."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, (list, tuple)):
+        out[prefix] = json.dumps(list(value))
+    elif value is not None:
+        out[prefix] = str(value)
+    return out
+
+
+def _log_flat(run_id: str, params: Mapping[str, str] = {}, metrics: Mapping[str, float] = {},
+              steps: Mapping[str, list[float]] = {}, tags: Mapping[str, str] = {}) -> None:
+    """log_batch in chunks under MLflow's per-request limits. `steps[key][i]` is logged at step i + 1
+    (step = depth for per-depth series). Over-long param values are cut, since a param is a label."""
+    c, now = client(), int(time.time() * 1000)
+    plist = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in params.items()]
+    tlist = [RunTag(k, str(v)) for k, v in tags.items()]
+    mlist = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    mlist += [Metric(k, float(v), now, i + 1) for k, vs in steps.items() for i, v in enumerate(vs)]
+    for i in range(0, len(plist), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=plist[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+    for i in range(0, len(tlist), MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, tags=tlist[i:i + MAX_PARAMS_TAGS_PER_BATCH])
+    for i in range(0, len(mlist), MAX_METRICS_PER_BATCH):
+        c.log_batch(run_id, metrics=mlist[i:i + MAX_METRICS_PER_BATCH])
+
+
+def _current_provenance() -> dict:
+    # The pipeline's provenance record is the one definition of git state + package versions.
+    from jetflow.train.pipeline import provenance
+
+    return provenance({})
+
+
+def _provenance_tags(prov: Mapping[str, Any]) -> dict[str, str]:
+    tags = {}
+    if prov.get("git_commit"):
+        tags["jetflow.git_commit"] = prov["git_commit"]
+        tags["mlflow.source.git.commit"] = prov["git_commit"]  # the UI shows this one
+    if "git_dirty" in prov:
+        tags["jetflow.git_dirty"] = str(bool(prov["git_dirty"])).lower()
+    if prov.get("python"):
+        tags["jetflow.python"] = prov["python"]
+    for pkg, version in (prov.get("packages") or {}).items():
+        tags[f"jetflow.pkg.{pkg}"] = str(version)
+    return tags
+
+
+def _head_params(config: Mapping[str, Any] | None) -> dict[str, str]:
+    """Head architecture as `head.*` params from a HeadConfig dict or a DFlash-layout config.json."""
+    if not config:
+        return {}
+    if "dflash_config" in config:
+        from jetflow.head.config import HeadConfig
+
+        config = HeadConfig.from_dflash_dict(dict(config)).to_dict()
+    config = {k: v for k, v in config.items() if not (k == "extra" and not v)}
+    return _flatten("head", config, {})
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# --------------------------------------------------------------------------- training runs
+def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
+                     parent_run_id: str | None = None, run_name: str | None = None) -> str:
+    """Log a trained head folder (config.json, model.safetensors, and when present metrics.json,
+    provenance.json, train_config.json) as a run of experiment `jetflow/<target_id>`; returns the run id.
+
+    params: `head.*` (architecture), `train.*` (training config), `data.*` (manifest hash, tokens);
+    metrics: metrics.json numbers, plus `eval/agree_dK` again as the series `eval/agreement_by_depth`
+    (step = depth K); tags: `jetflow.kind=train`, target id/revision, git commit, package versions,
+    weights sha256; artifacts: the folder's top-level files under `head/` (what `register_head`
+    registers; checkpoints/ is left out) and a plot of agreement by depth.
+    """
+    head_dir = Path(head_dir).expanduser().resolve()
+    if not (head_dir / "config.json").exists() or not (head_dir / "model.safetensors").exists():
+        raise HeadNotFoundError(f"{head_dir} is not a head folder: it needs config.json and model.safetensors "
+                                "(jobs/train.py writes them)")
+    try:
+        config = json.loads((head_dir / "config.json").read_text())
+    except ValueError as exc:
+        raise HeadNotFoundError(f"{head_dir / 'config.json'} is not valid JSON ({exc})") from None
+    trained_for = (config.get("jetflow") or {}).get("target_model_id")
+    if trained_for and trained_for != target_id:
+        raise HeadMismatchError(f"{head_dir} was trained for target {trained_for!r}, not {target_id!r}; "
+                                f"log it under --target {trained_for}")
+    metrics_file = _read_json(head_dir / "metrics.json")
+    prov = _read_json(head_dir / "provenance.json") or _current_provenance()
+    train_cfg = _read_json(head_dir / "train_config.json") or prov.get("train_config") or {}
+
+    metrics = {k: float(v) for k, v in metrics_file.items() if isinstance(v, (int, float))}  # bools → 0/1
+    agreement = sorted((int(m[1]), v) for k, v in metrics.items() if (m := _AGREE_KEY.match(k)))
+    steps = {AGREEMENT_BY_DEPTH: [v for _, v in agreement]} if agreement else {}
+    params = {**_head_params(config), **_flatten("train", train_cfg, {})}
+    for key in ("data_manifest_sha256", "data_tokens", "preset", "data_dir", "features_dir"):
+        if key in prov:
+            params[f"data.{key.removeprefix('data_')}"] = str(prov[key])
+    sha = registry.weights_sha256(head_dir)
+    tags = {KIND_TAG: "train", "jetflow.target.id": target_id, "jetflow.target.revision": target_revision,
+            "jetflow.head.name": head_dir.name, "jetflow.head.path": str(head_dir),
+            "jetflow.head.arch": registry.arch_summary(head_dir), registry.WEIGHTS_TAG: sha,
+            **_provenance_tags(prov)}
+    if prov.get("data_manifest_sha256"):
+        tags["jetflow.data.manifest_sha256"] = prov["data_manifest_sha256"]
+    if prov.get("command"):
+        tags["jetflow.command"] = prov["command"]
+
+    with _run(target_id, run_name or f"train {head_dir.name}", tags, parent_run_id) as run_id:
+        _log_flat(run_id, params, metrics, steps)
+        c = client()
+        for f in sorted(head_dir.iterdir()):  # top-level files only: checkpoints/ is resumable trainer state
+            if f.is_file() and not f.name.startswith("."):
+                c.log_artifact(run_id, str(f), registry.HEAD_ARTIFACT)
+        if agreement:
+            c.log_figure(run_id, plots.depth_curve(steps[AGREEMENT_BY_DEPTH], "top-1 agreement with target",
+                                                   "held-out agreement by depth"),
+                         "plots/agreement_by_depth.png")
+    return run_id
+
+
+# --------------------------------------------------------------------------- evaluation runs
+def _eval_lineage(report: EvalReport) -> dict[str, str]:
+    """Tags linking an eval run to the head it measured: path / URI, and when the head is registered,
+    its registered name, version and training run (found by URI, else by the weights' sha256)."""
+    head = report.head
+    if head is None or (head.path is None and head.uri is None):
+        return {"jetflow.head.name": "none (baselines only)"}
+    tags = {}
+    if head.path:
+        tags["jetflow.head.path"] = head.path
+        tags["jetflow.head.name"] = Path(head.path).name
+    if head.uri:
+        tags["jetflow.head.uri"] = head.uri
+    mv = registry.find_version(report.target.id, uri=head.uri, path=head.path)
+    if mv is not None:
+        tags.update({"jetflow.head.registered_name": mv.name, "jetflow.head.version": str(mv.version)})
+        if mv.run_id:
+            tags["jetflow.train_run_id"] = mv.run_id
+        # A registry download sits in a folder named after the version number: name it by its origin.
+        tags["jetflow.head.name"] = f"{mv.tags.get('jetflow.head.name', mv.name)} v{mv.version}"
+    return tags
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    cols = list(rows[0])
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "nan" if math.isnan(v) else f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def log_evaluation(report: dict | EvalReport, run_name: str | None = None, parent_run_id: str | None = None) -> str:
+    """Log an evaluation report (contract: `jetflow.tracking.report.EvalReport`) as a run of
+    `jetflow/<target id>`; returns the run id.
+
+    params: the report's params + `target.*`, `head.path`, `head.uri`, `head.*` architecture; metrics: the
+    report's flat metrics; step metrics: `report["step_metrics"][key][i]` at step i + 1 (= depth);
+    tags: `jetflow.kind=eval`, target id/revision, `jetflow.eval_sets`, git / package versions, head
+    lineage (registered name + version + training run when the head is registered); artifacts:
+    `report.json`, `eval_table.json` (MLflow table) + `eval_table.md`, `plots/*.png`.
+    Raises InvalidSettingError when the report breaks the contract (nothing is logged then).
+    """
+    rep = validate_report(report)
+    head = rep.head
+    params: dict[str, str] = {"target.id": rep.target.id, "target.revision": rep.target.revision}
+    if head is not None:
+        params.update({k: v for k, v in {"head.path": head.path, "head.uri": head.uri}.items() if v})
+        params.update(_head_params(head.config))
+        if head.provenance and head.provenance.get("data_manifest_sha256"):
+            params["head.data_manifest_sha256"] = head.provenance["data_manifest_sha256"]
+    params.update({k: str(v) for k, v in rep.params.items()})  # the evaluator's own settings win
+    tags = {KIND_TAG: "eval", "jetflow.target.id": rep.target.id, "jetflow.target.revision": rep.target.revision,
+            "jetflow.eval_sets": ",".join(rep.datasets), **_provenance_tags(_current_provenance()),
+            **_eval_lineage(rep)}
+    if head is not None and head.provenance and head.provenance.get("data_manifest_sha256"):
+        tags["jetflow.data.manifest_sha256"] = head.provenance["data_manifest_sha256"]
+    name = run_name or f"eval {tags.get('jetflow.head.name', 'head')}"
+
+    with _run(rep.target.id, name, tags, parent_run_id) as run_id:
+        _log_flat(run_id, params, rep.metrics, rep.step_metrics)
+        c = client()
+        c.log_dict(run_id, rep.model_dump(mode="json"), "report.json")
+        rows = [r.model_dump() for r in rep.rows]
+        if rows:
+            import pandas as pd  # an MLflow dependency; log_table wants a frame for mixed-type columns
+
+            c.log_table(run_id, pd.DataFrame(rows), "eval_table.json")
+            c.log_text(run_id, _markdown_table(rows), "eval_table.md")
+        figures = {
+            "plots/tau_vs_budget.png": plots.tau_vs_budget(rep.rows),
+            "plots/speedup_vs_budget.png": plots.speedup_vs_budget(rep.rows),
+            "plots/acceptance_by_depth.png": plots.acceptance_by_depth(rep.step_metrics),
+            "plots/verify_cost.png": plots.verify_cost(rep.cost_model) if rep.cost_model else None,
+        }
+        for path, fig in figures.items():
+            if fig is not None:
+                c.log_figure(run_id, fig, path)
+    return run_id
+
+
+# --------------------------------------------------------------------------- folder → registered version
+def register_head_folder(head_dir: str | Path, target_id: str, target_revision: str,
+                         run_name: str | None = None) -> tuple[str, bool]:
+    """(version, created): the registered version holding exactly these weights, logging a training run
+    and registering it only if none does yet, so reruns (`make demo`) do not pile up duplicate versions."""
+    head_dir = Path(head_dir).expanduser().resolve()
+    if not (head_dir / "model.safetensors").exists():
+        raise HeadNotFoundError(f"{head_dir} has no model.safetensors; pass a folder written by jobs/train.py")
+    existing = registry.find_version(target_id, path=head_dir)
+    if existing is not None:
+        return str(existing.version), False
+    run_id = log_training_run(head_dir, target_id, target_revision, run_name=run_name)
+    return registry.register_head(run_id, target_id), True
