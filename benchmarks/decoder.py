@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from datetime import date
 
@@ -23,57 +22,17 @@ import torch
 
 from jetflow.data import load_prompts
 from jetflow.decode import DecodeConfig, Decoder, encode_prompt
+from jetflow.eval.cost_model import time_verify
 from jetflow.eval.timing import median_ms
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.paths import jetflow_home
 from jetflow.target import TargetModel
-from jetflow.tree import build_tree
 
 
-def _timed_variants(target, cache, past, ids, pos, mask, walk_rows):
-    """(body, body + walk-row logits, body + all-row logits), each leaving the cache as it found it."""
-    n = ids.shape[0]
-
-    def body():
-        out = target.forward(ids, pos, cache, mask)
-        target.compact_cache(cache, past, torch.arange(0))
-        return out
-
-    def with_walk():
-        target.logits(body().hidden[: min(walk_rows, n)])
-
-    def naive():
-        target.logits(body().hidden)
-
-    return body, with_walk, naive
-
-
-@torch.inference_mode()
 def verify_curve(target: TargetModel, sizes, past: int, reps: int, walk_rows: int) -> list[dict]:
-    gen = torch.Generator().manual_seed(0)
-    cache = target.new_cache()
-    target.forward(torch.randint(100, 40000, (past,), generator=gen), torch.arange(past), cache)
-    rows = []
-    for n in sizes:
-        # a realistic tree shape: accum_logp over random per-depth log-probs, depth 15, width 7
-        logp = torch.log_softmax(torch.randn(15, 64, generator=gen) * 3, -1).topk(7)
-        tree = build_tree("accum_logp", 5, logp.values.tolist(), (logp.indices + 100).tolist(), n)
-        ids, pos = tree.token_tensor(), tree.depth_tensor() + past
-        mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()), past) if n > 1 else None
-
-        rows.append({"N": tree.size, "fns": _timed_variants(target, cache, past, ids, pos, mask, walk_rows)})
-    # interleave the repetitions over all sizes, so machine noise spreads evenly instead of hitting one N
-    samples = {(i, k): [] for i in range(len(rows)) for k in range(3)}
-    for rep in range(reps + 1):
-        for i, r in enumerate(rows):
-            for k, fn in enumerate(r["fns"]):
-                t0 = time.perf_counter()
-                fn()
-                if rep:  # the first pass is warm-up
-                    samples[(i, k)].append(time.perf_counter() - t0)
-    for i, r in enumerate(rows):
-        del r["fns"]
-        r["body_ms"], r["verify_ms"], r["naive_ms"] = (statistics.median(samples[(i, k)]) * 1000 for k in range(3))
+    """The cost model's timing of the real tree-masked verify (jetflow.eval.cost_model.time_verify)."""
+    rows = [{"N": t.n, "body_ms": t.body_ms, "verify_ms": t.verify_ms, "naive_ms": t.naive_ms}
+            for t in time_verify(target, sizes, past, reps, walk_rows)]
     base = rows[0]["verify_ms"]
     for r in rows:
         r["ratio"] = r["verify_ms"] / base

@@ -34,3 +34,14 @@ def simulated_tau_chain(acceptance_per_depth: Sequence[float]) -> float:
         prod *= acc
         total += prod
     return total
+
+
+def per_rank_acceptance(accepted_ranks: Mapping[tuple[int, int], int], rounds: int) -> dict[tuple[int, int], float]:
+    """Fraction of rounds whose accepted path takes the rank-r draft token at depth d (rank 0 = the
+    head's top-1 at that depth): {(d, r): fraction}, the input of profile-guided tree shaping.
+
+    accepted_ranks[(d, r)] = accepted nodes at depth d with rank r, over `rounds` verify rounds.
+    """
+    if rounds <= 0:
+        return {}
+    return {key: count / rounds for key, count in sorted(accepted_ranks.items())}

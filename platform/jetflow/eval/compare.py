@@ -1,0 +1,361 @@
+"""One evaluation run: every method on the same held-out prompts, side by side, as a report dict.
+
+Methods (the report's `method`): `ar` (our AR loop), `hf_generate`, `hf_prompt_lookup` (HF's n-gram
+drafter), and per head `chain` / `tree` (`chain_bidirectional` / `tree_bidirectional` for a
+bidirectional head, i.e. DFlash). Generations are interleaved — for each prompt, every method in
+turn — so machine noise spreads over all methods instead of hitting one.
+
+Definitions (metrics from `jetflow.metrics`): times per token are decode-only (prefill excluded)
+unless named e2e; speedup_vs_ar / speedup_vs_hf = that baseline's decode time per token ÷ the
+method's, at the same temperature; e2e_speedup = the same with prefill included, vs our AR; τ =
+tokens per target forward (HF rows: new tokens ÷ model forwards, the prefill's forward counted, since
+it yields the first token). Time split (draft / verify / other) in ms per generated token; HF rows:
+verify = time inside the model's forwards, other = the rest of `generate` (prompt-lookup's candidate
+search included). predicted_speedup = the cost model at the row's τ, mean verified tree size and
+measured draft ms per round. lossless (greedy only): our AR row vs HF greedy; every other row vs our AR.
+The flat `lossless` metric covers our own methods (AR vs HF included), not HF prompt lookup.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from jetflow import metrics
+from jetflow.decode import DecodeConfig, Decoder, DecodeStats, Generation, encode_prompt
+from jetflow.errors import InvalidSettingError
+from jetflow.eval.baselines import HFRun, hf_generate
+from jetflow.eval.cost_model import CostCurve, measure_verify_curve
+from jetflow.eval.heads import EvalHead
+from jetflow.tree.build import TREE_BUILDERS
+
+MAX_BUDGET = 4096
+BASELINES = ("ar", "hf_generate", "hf_prompt_lookup")
+
+
+def _int_list(name: str, values, lo: int, hi: int) -> list[int]:
+    values = list(values)
+    if not values:
+        raise InvalidSettingError(f"{name} must name at least one value")
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise InvalidSettingError(f"{name}: each value must be an integer in {lo}..{hi}, got {v!r}")
+    return sorted(set(values))
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise InvalidSettingError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+@dataclass
+class EvalConfig:
+    """What to measure. Defaults run on a laptop in a few minutes with a trained head."""
+
+    sets: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])  # eval splits, or JSONL files
+    prompts_per_set: int = 5
+    max_new_tokens: int = 64
+    budgets: list[int] = field(default_factory=lambda: [8, 32])       # tree nodes per round, root counted
+    widths: list[int] = field(default_factory=lambda: [7])            # top-W per depth (trees; chain uses 1)
+    algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])
+    temperatures: list[float] = field(default_factory=lambda: [0.0])  # > 0: sampled, seeded, lossless n/a
+    baselines: bool = True                   # HF generate + HF prompt lookup rows
+    prompt_lookup_num_tokens: int = 10       # HF prompt-lookup candidate tokens per step
+    check_lossless: bool = True              # compare greedy outputs token by token
+    seed: int = 0                            # sampling seed (prompt i uses seed + i) and random-head init
+    cost_model: bool = True                  # measure t(N) here and predict each row's speedup
+    context_tokens: int = 200                # cached tokens behind the timed verify forwards
+    curve_repeats: int = 5                   # timed repetitions per tree size (median)
+
+    def __post_init__(self) -> None:
+        from jetflow.data.prompts import PROMPT_SETS
+
+        if isinstance(self.sets, str) or not self.sets:
+            raise InvalidSettingError("sets must be a non-empty list of prompt set names or JSONL files")
+        for name in self.sets:
+            pset = PROMPT_SETS.get(name)
+            if pset is None and not Path(name).expanduser().is_file():
+                evals = sorted(n for n, p in PROMPT_SETS.items() if "eval" in p.splits)
+                raise InvalidSettingError(f"unknown prompt set {name!r}: use one of {', '.join(evals)} "
+                                          "or a JSONL file of prompts")
+            if pset is not None and "eval" not in pset.splits:
+                raise InvalidSettingError(f"prompt set {name!r} has no held-out eval split (it is for training); "
+                                          "evaluate on mtbench, humaneval or gsm")
+        self.sets = list(dict.fromkeys(self.sets))
+        _check_int("prompts_per_set", self.prompts_per_set, 1)
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        self.budgets = _int_list("budgets", self.budgets, 1, MAX_BUDGET)
+        self.widths = _int_list("widths", self.widths, 1, 1024)
+        if isinstance(self.algorithms, str) or not self.algorithms:
+            raise InvalidSettingError("algorithms must name at least one tree algorithm")
+        unknown = [a for a in self.algorithms if a not in TREE_BUILDERS]
+        if unknown:
+            raise InvalidSettingError(f"unknown tree algorithm(s) {unknown}; known: {', '.join(sorted(TREE_BUILDERS))}")
+        self.algorithms = list(dict.fromkeys(self.algorithms))
+        if not self.temperatures:
+            raise InvalidSettingError("temperatures must name at least one value (0 = greedy)")
+        for t in self.temperatures:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+                raise InvalidSettingError(f"temperatures must be finite and >= 0, got {t!r}")
+        self.temperatures = sorted({float(t) for t in self.temperatures})
+        _check_int("prompt_lookup_num_tokens", self.prompt_lookup_num_tokens, 1, 256)
+        _check_int("seed", self.seed, 0)
+        _check_int("context_tokens", self.context_tokens, 1)
+        _check_int("curve_repeats", self.curve_repeats, 1)
+
+    def params(self) -> dict[str, str | int | float | bool]:
+        """Flat MLflow params (lists as comma-separated strings)."""
+        return {"sets": ",".join(self.sets), "prompts_per_set": self.prompts_per_set,
+                "max_new_tokens": self.max_new_tokens, "budgets": ",".join(map(str, self.budgets)),
+                "widths": ",".join(map(str, self.widths)), "algorithms": ",".join(self.algorithms),
+                "temperatures": ",".join(f"{t:g}" for t in self.temperatures), "baselines": self.baselines,
+                "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens, "check_lossless": self.check_lossless,
+                "seed": self.seed, "cost_model": self.cost_model, "context_tokens": self.context_tokens,
+                "curve_repeats": self.curve_repeats}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One method at one (algorithm, budget, width, temperature); `head` indexes the evaluated heads."""
+
+    method: str
+    algorithm: str | None
+    budget: int
+    width: int
+    temperature: float
+    head: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The method part of metric keys: the method, plus the algorithm when it is not the method's
+        own (accum_logp for trees, chain for chains), e.g. `tree_top2gap`."""
+        if self.algorithm in (None, "accum_logp", "chain"):
+            return self.method
+        return f"{self.method}_{self.algorithm}"
+
+    def key(self, dataset: str) -> str:
+        """`<dataset>/<label>/b<budget>w<width>t<temperature>` (temperatures as t0, t0.7)."""
+        return f"{dataset}/{self.label}/b{self.budget}w{self.width}t{self.temperature:g}"
+
+
+def dataset_label(name: str) -> str:
+    """A registered set's name, or a JSONL file's stem made safe for MLflow metric keys."""
+    if "/" not in name and not name.endswith(".jsonl"):
+        return name
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem) or "prompts"
+
+
+def settings_for(cfg: EvalConfig, heads: Sequence[EvalHead]) -> list[Setting]:
+    """Every (method, setting) the run measures, baselines first, duplicates removed (a chain ignores
+    width and is capped at the head's block size)."""
+    out: list[Setting] = []
+    for t in cfg.temperatures:
+        out.append(Setting("ar", None, 1, 1, t))
+        if cfg.baselines:
+            out.append(Setting("hf_generate", None, 1, 1, t))
+            out.append(Setting("hf_prompt_lookup", None, cfg.prompt_lookup_num_tokens + 1, 1, t))
+        for i, h in enumerate(heads):
+            suffix = "" if h.causal else "_bidirectional"
+            for alg in cfg.algorithms:
+                if alg == "chain":
+                    out += [Setting("chain" + suffix, alg, min(b, h.head.config.block_size), 1, t, i)
+                            for b in cfg.budgets]
+                else:
+                    out += [Setting("tree" + suffix, alg, b, w, t, i) for b in cfg.budgets for w in cfg.widths]
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class _Tally:
+    """Sums over a set's prompts for one setting. Seconds; tokens."""
+
+    tokens: int = 0            # generated tokens
+    decode_tokens: int = 0     # tokens produced by decode steps (HF: the prefill's first token excluded)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0       # head forward + tree build
+    verify_s: float = 0.0
+    forwards: int = 0          # target forwards that produced tokens
+    stats: DecodeStats | None = None
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def add_generation(self, g: Generation) -> None:
+        s = g.stats
+        self.tokens += s.new_tokens
+        self.decode_tokens += s.new_tokens
+        self.prefill_s += s.prefill_s
+        self.decode_s += s.decode_s
+        self.draft_s += s.draft_s + s.tree_s
+        self.verify_s += s.verify_s
+        self.forwards += s.rounds
+        self.stats = s if self.stats is None else self.stats.merge(s)
+        self.outputs.append(list(g.token_ids))
+
+    def add_hf(self, r: HFRun) -> None:
+        self.tokens += len(r.token_ids)
+        self.decode_tokens += r.decode_tokens
+        self.prefill_s += r.prefill_s
+        self.decode_s += r.decode_s
+        self.verify_s += r.forward_s
+        self.forwards += r.forwards
+        self.outputs.append(list(r.token_ids))
+
+    @property
+    def decode_s_per_token(self) -> float:
+        return self.decode_s / self.decode_tokens if self.decode_tokens else math.nan
+
+    @property
+    def total_s_per_token(self) -> float:
+        return (self.prefill_s + self.decode_s) / self.tokens if self.tokens else math.nan
+
+    def per_token_ms(self, seconds: float) -> float:
+        return seconds / self.decode_tokens * 1000 if self.decode_tokens else math.nan
+
+
+class _Runner:
+    """Runs one Setting on one prompt with the right decoder or HF call."""
+
+    def __init__(self, target, heads: Sequence[EvalHead], cfg: EvalConfig):
+        self.target, self.cfg = target, cfg
+        self.ar = Decoder(target)
+        self.spec = [Decoder(target, h.head) for h in heads]
+
+    def __call__(self, s: Setting, ids: list[int], seed: int, max_new_tokens: int) -> Generation | HFRun:
+        sampled = s.temperature > 0
+        if s.method in ("hf_generate", "hf_prompt_lookup"):
+            lookup = self.cfg.prompt_lookup_num_tokens if s.method == "hf_prompt_lookup" else None
+            return hf_generate(self.target, ids, max_new_tokens, s.temperature, seed if sampled else None, lookup)
+        decoder = self.ar if s.head is None else self.spec[s.head]
+        dc = DecodeConfig(budget=s.budget, width=s.width, algorithm=s.algorithm or "accum_logp",
+                          temperature=s.temperature, max_new_tokens=max_new_tokens, seed=seed if sampled else None)
+        return decoder.generate(ids, dc)
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = None,
+             progress: bool = False) -> dict:
+    """Measure every setting of `cfg` for `heads` (at most one causal and one bidirectional; none =
+    baselines only) on `target`, on the same prompts; return the report dict of the evaluation
+    contract (see the module docstring for definitions), plus `rank_acceptance`
+    ({key: {"d,r": fraction of rounds}}), `heads` (every head's entry) and `created_at`."""
+    from tqdm.auto import tqdm
+
+    from jetflow.data import load_prompts
+
+    cfg = cfg or EvalConfig()
+    heads = list(heads)
+    if len(heads) > 2 or len({h.causal for h in heads}) < len(heads):
+        raise InvalidSettingError("evaluate at most one causal and one bidirectional head per run")
+    settings = settings_for(cfg, heads)
+    labels = [dataset_label(name) for name in cfg.sets]
+    if len(set(labels)) < len(labels):
+        raise InvalidSettingError(f"prompt sets {cfg.sets} share a name ({labels}); rename the JSONL files")
+    prompts = {dataset_label(name): [encode_prompt(target.tokenizer, it.chat)
+                                     for it in load_prompts(name, split="eval", limit=cfg.prompts_per_set)]
+               for name in cfg.sets}
+    empty = [name for name, label in zip(cfg.sets, labels) if not prompts[label]]
+    if empty:
+        raise InvalidSettingError(f"prompt set(s) {empty} hold no eval prompts; give sets with prompts")
+
+    curve: CostCurve | None = None
+    if cfg.cost_model:
+        sizes = {s.budget for s in settings if s.head is not None}
+        curve = measure_verify_curve(target, sorted(sizes | {1}), cfg.context_tokens, cfg.curve_repeats,
+                                     head=heads[0].head if heads else None)
+
+    run = _Runner(target, heads, cfg)
+    # Warm-up (unmeasured), once per decoder / HF mode: first calls pay one-off costs (allocator
+    # growth, HF generation setup) that would otherwise land on whichever setting runs first.
+    first = next(p for ps in prompts.values() for p in ps)
+    for s in {(s.method, s.head): s for s in reversed(settings)}.values():
+        run(s, first, cfg.seed, min(4, cfg.max_new_tokens))
+
+    tallies: dict[tuple[str, Setting], _Tally] = {}
+    total = sum(len(p) for p in prompts.values()) * len(settings)
+    with tqdm(total=total, desc="evaluate", disable=not progress) as bar:
+        for ds, ids_list in prompts.items():
+            for i, ids in enumerate(ids_list):
+                for s in settings:
+                    out = run(s, ids, cfg.seed + i, cfg.max_new_tokens)
+                    tally = tallies.setdefault((ds, s), _Tally())
+                    if isinstance(out, Generation):
+                        tally.add_generation(out)
+                    else:
+                        tally.add_hf(out)
+                    bar.update(1)
+
+    report: dict = {
+        "target": {"id": target.model_id, "revision": target.revision},
+        "head": heads[0].describe() if heads else {"path": None, "uri": None, "config": None, "provenance": None},
+        "heads": [h.describe() for h in heads],
+        "params": cfg.params(),
+        "metrics": {},
+        "step_metrics": {},
+        "rows": [],
+        "rank_acceptance": {},
+        "cost_model": curve.to_dict() if curve is not None else None,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    lossless_all: list[bool] = []
+    for ds in prompts:
+        for s in settings:
+            row, lossless_counts = _row(ds, s, tallies, cfg, curve)
+            report["rows"].append(row)
+            if lossless_counts and row["lossless"] is not None:
+                lossless_all.append(row["lossless"])
+            key = s.key(ds)
+            for name in ("tau", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "tokens_per_s", "predicted_speedup"):
+                if _finite(row[name]):
+                    report["metrics"][f"{name}/{key}"] = float(row[name])
+            stats = tallies[(ds, s)].stats
+            if s.head is not None and stats is not None:
+                report["step_metrics"][f"accept_by_depth/{key}"] = stats.per_depth_acceptance(
+                    heads[s.head].head.config.depth)
+                report["rank_acceptance"][key] = {
+                    f"{d},{r}": round(f, 6)
+                    for (d, r), f in metrics.per_rank_acceptance(stats.accepted_ranks, stats.rounds).items()}
+    if lossless_all:
+        report["metrics"]["lossless"] = float(all(lossless_all))
+    return report
+
+
+def _row(ds: str, s: Setting, tallies: dict, cfg: EvalConfig, curve: CostCurve | None) -> tuple[dict, bool]:
+    """(the contract's row for one dataset × setting, whether its lossless flag counts overall)."""
+    t = tallies[(ds, s)]
+    ar = tallies[(ds, Setting("ar", None, 1, 1, s.temperature))]
+    hf = tallies.get((ds, Setting("hf_generate", None, 1, 1, s.temperature)))
+    spt = t.decode_s_per_token
+    tau = t.stats.tau if t.stats is not None else (t.tokens / t.forwards if t.forwards else math.nan)
+
+    predicted = None
+    if curve is not None and s.head is not None and t.stats is not None and t.stats.rounds:
+        nodes = sum(t.stats.tree_nodes) / len(t.stats.tree_nodes)
+        predicted = curve.predict_speedup(tau, nodes, draft_ms=t.draft_s / t.stats.rounds * 1000)
+
+    lossless = None
+    if cfg.check_lossless and s.temperature == 0:
+        reference = (hf.outputs if hf is not None else None) if s.method == "ar" else ar.outputs
+        lossless = None if reference is None else t.outputs == reference
+    row = {
+        "dataset": ds, "method": s.method, "algorithm": s.algorithm, "budget": s.budget, "width": s.width,
+        "temperature": s.temperature, "tau": tau,
+        "tokens_per_s": t.decode_tokens / t.decode_s if t.decode_s > 0 else math.nan,
+        "speedup_vs_ar": metrics.speedup(ar.decode_s_per_token, spt),
+        "speedup_vs_hf": metrics.speedup(hf.decode_s_per_token, spt) if hf is not None else math.nan,
+        "e2e_speedup": metrics.speedup(ar.total_s_per_token, t.total_s_per_token),
+        "predicted_speedup": predicted, "lossless": lossless,
+        "draft_ms": t.per_token_ms(t.draft_s), "verify_ms": t.per_token_ms(t.verify_s),
+        "other_ms": t.per_token_ms(t.decode_s - t.draft_s - t.verify_s),
+        "tokens": t.tokens, "prompts": len(t.outputs),
+    }
+    # NaN (e.g. vs HF with baselines off) becomes None, so the report stays strict JSON
+    row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+    return row, s.method != "hf_prompt_lookup"
