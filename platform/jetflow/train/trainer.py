@@ -113,6 +113,8 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
     layer_ids = data.meta["spec"]["layer_ids"]
     head = build_head(cfg, target, layer_ids)
     train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
+    if cfg.max_sequences:
+        train_idx = train_idx[: cfg.max_sequences]  # the held-out split stays the same across data sizes
     steps_per_epoch = max(1, len(train_idx) // cfg.seqs_per_step)
     total = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
     warmup = max(1, int(cfg.warmup_frac * total))
@@ -166,6 +168,8 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}")
         metrics = {"train/loss": loss_sum, "train/lr": sched.get_last_lr()[0], "train/blocks": blocks}
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
+            metrics.update(evaluate(head, target, data, eval_idx, cfg).as_metrics())
         if log:
             log(metrics, step)
         if rank == 0 and (step % cfg.checkpoint_every == 0 or step == total):

@@ -1,0 +1,220 @@
+"""The architecture sweep: Ray Tune over head architecture and training settings, each trial a Ray Train
+run (a `ScalingConfig` worker per trial: CPU locally, a GPU each on a cluster) reading the shared feature
+cache, stopped early by ASHA on the held-out simulated tree τ; the finalists are decoded for real on
+held-out prompts, logged and registered, and the best becomes the `challenger` (the promotion gate, not
+the sweep, decides about `champion`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jetflow.errors import InvalidSettingError
+from jetflow.paths import heads_dir, jetflow_home
+from jetflow.train.config import TrainConfig
+
+METRIC = "eval/tree_tau"
+DRIVER_CPU = 0.01  # a trial = this driver + Ray Train workers of 1 - DRIVER_CPU CPUs: N trials fit N cores
+# what a trial may vary, and how it appears on the command line (comma-separated choices)
+SEARCHABLE = {"num_layers": int, "block_size": int, "num_taps": int, "causal": bool, "loss": str,
+              "gamma": float, "lr": float, "max_sequences": int, "draft_vocab": int, "anchor_shortcut": bool}
+
+
+def parse_choices(spec: str) -> tuple[str, list]:
+    """`name=a,b,c` → (name, [typed choices])."""
+    name, _, values = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    if name not in SEARCHABLE or not values:
+        raise InvalidSettingError(f"search option {spec!r}: use NAME=v1,v2 with NAME one of {', '.join(SEARCHABLE)}")
+    kind = SEARCHABLE[name]
+    out = []
+    for v in values.split(","):
+        v = v.strip()
+        if kind is bool:
+            if v.lower() not in ("true", "false", "1", "0"):
+                raise InvalidSettingError(f"{name} takes true/false, got {v!r}")
+            out.append(v.lower() in ("true", "1"))
+        else:
+            try:
+                out.append(kind(v))
+            except ValueError:
+                raise InvalidSettingError(f"{name} takes {kind.__name__} values, got {v!r}") from None
+    return name, out
+
+
+@dataclass
+class ArchSweepConfig:
+    target: str = "smollm2-135m"
+    preset: str = "demo"                 # data (regeneration + features) and base training settings
+    search: list[str] = field(default_factory=lambda: ["causal=true,false", "num_layers=1,2", "lr=6e-4,2e-3"])
+    max_steps: int = 120                 # per trial (the preset's other training settings stay)
+    eval_every: int = 20                 # held-out eval interval: ASHA's rungs
+    grace_steps: int = 40                # ASHA: no stopping before this many steps
+    finalists: int = 2                   # decoded on held-out prompts, registered; the best → challenger
+    eval_prompts: int = 3                # per held-out set, for the finalists
+    eval_new_tokens: int = 48
+    name: str = "arch-sweep"
+    storage: str = ""                    # absolute; default $JETFLOW_HOME/ray_results
+    max_concurrent: int = 2
+    workers_per_trial: int = 1
+    use_gpu: bool = False
+
+    def __post_init__(self) -> None:
+        self.space = dict(parse_choices(s) for s in self.search)
+        for name in ("max_steps", "eval_every", "finalists", "eval_prompts", "eval_new_tokens", "max_concurrent",
+                     "workers_per_trial"):
+            if getattr(self, name) < 1:
+                raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.storage and not Path(self.storage).is_absolute():
+            raise InvalidSettingError(f"storage must be an absolute path (Ray Tune requires it), got {self.storage!r}")
+        from jetflow.train.pipeline import PRESETS
+
+        if self.preset not in PRESETS:
+            raise InvalidSettingError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        self.base_train({})  # every choice must make a valid TrainConfig
+        for name, choices in self.space.items():
+            for c in choices:
+                self.base_train({name: c})
+
+    def base_train(self, sampled: dict[str, Any], name: str = "arch") -> TrainConfig:
+        from jetflow.train.pipeline import PRESETS
+
+        return TrainConfig.from_overrides(PRESETS[self.preset].train, {
+            "name": name, "max_steps": self.max_steps, "eval_every": self.eval_every,
+            "checkpoint_every": self.max_steps, **sampled})
+
+    @property
+    def storage_path(self) -> Path:
+        return Path(self.storage) if self.storage else jetflow_home() / "ray_results"
+
+
+def prepare_features(cfg: ArchSweepConfig) -> dict[int, str]:
+    """The preset's data, regenerated once, and one content-keyed feature cache per tap count searched
+    (every trial with that count reads the same cache). {num_taps: folder}."""
+    from jetflow.data.features import FeatureSpec, build_features
+    from jetflow.data.regenerate import RegenConfig, regenerate
+    from jetflow.target import TargetModel
+    from jetflow.train.pipeline import PRESETS
+
+    preset = PRESETS[cfg.preset]
+    regen_dir = regenerate(RegenConfig(**{**asdict(preset.regen), "model": cfg.target}))
+    target = TargetModel.load(cfg.target)
+    taps = cfg.space.get("num_taps", [preset.train.num_taps])
+    return {k: str(build_features(regen_dir, target, FeatureSpec.for_target(target, k, preset.features_max_len)))
+            for k in sorted(set(taps))}
+
+
+def arch_trial(config: dict) -> None:
+    """Tune trial: one Ray Train run of the sampled head; its reports reach Tune via TuneReportCallback."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from jetflow.train.ray_train import train_on_ray
+
+    shared, sampled = config["shared"], config["arch"]
+    trial_id = tune.get_context().get_trial_id()
+    tcfg = TrainConfig(**{**shared["train"], **sampled, "name": f"{shared['name']}-{trial_id}"})
+    train_on_ray(tcfg, shared["target"], Path(shared["features"][str(tcfg.num_taps)]),
+                 Path(shared["heads"]) / tcfg.name, num_workers=shared["workers"], use_gpu=shared["use_gpu"],
+                 storage=Path(shared["storage"]), callbacks=[TuneReportCallback()], run_name=f"train-{tcfg.name}",
+                 evals_only=True, cpus_per_worker=1 - DRIVER_CPU)
+
+
+@dataclass
+class ArchOutcome:
+    rows: list[dict]                  # per trial: sampled settings + last metrics + whether ASHA stopped it
+    finalists: list[dict]             # decoded finalists: head dir, version, τ per set
+    challenger: str | None            # registered version now aliased `challenger`
+    seconds: float = 0.0
+
+
+def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> ArchOutcome:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from jetflow.tracking import tracking_uri
+
+    t0 = time.perf_counter()
+    if not ray.is_initialized():
+        env = {"JETFLOW_HOME": str(jetflow_home()), "MLFLOW_TRACKING_URI": tracking_uri(),
+               "TOKENIZERS_PARALLELISM": "false"}
+        ray.init(address=ray_address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=False,
+                 ignore_reinit_error=True)
+    features = prepare_features(cfg)
+    base = cfg.base_train({})
+    shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
+              "features": {str(k): v for k, v in features.items()}, "heads": str(heads_dir()), "name": cfg.name,
+              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "storage": str(cfg.storage_path)}
+    exp_dir = cfg.storage_path / cfg.name
+    # the trial's driver holds almost nothing (Tune refuses zero); its Ray Train workers ask for the rest
+    trainable = tune.with_resources(arch_trial, {"cpu": DRIVER_CPU})
+    if tune.Tuner.can_restore(str(exp_dir)):
+        print(f"[arch sweep] resuming {exp_dir} (finished trials are kept)")
+        tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
+    else:
+        asha = ASHAScheduler(time_attr="step", max_t=cfg.max_steps, grace_period=min(cfg.grace_steps, cfg.max_steps),
+                             reduction_factor=2)
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"arch": {k: tune.grid_search(v) for k, v in cfg.space.items()}, "shared": shared},
+            tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=asha,
+                                        max_concurrent_trials=cfg.max_concurrent),
+            run_config=tune.RunConfig(name=cfg.name, storage_path=str(cfg.storage_path), verbose=1),
+        )
+    grid = tuner.fit()
+    rows = []
+    for res in grid:
+        m = res.metrics or {}
+        if METRIC not in m:
+            continue
+        rows.append({**res.config["arch"], "tree_tau": m[METRIC], "chain_tau": m.get("eval/chain_tau", math.nan),
+                     "step": m.get("step", 0), "finished": "train/seconds" in m,
+                     "head_dir": str(Path(shared["heads"]) / f"{cfg.name}-{m['trial_id']}")})
+    finalists = _finalize(cfg, rows)
+    challenger = finalists[0]["version"] if finalists and finalists[0].get("version") else None
+    return ArchOutcome(rows=rows, finalists=finalists, challenger=challenger, seconds=time.perf_counter() - t0)
+
+
+def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:
+    """Decode the best finished trials (ASHA let them run to the end) on held-out prompts, log and register
+    them; alias the best lossless one `challenger`."""
+    from jetflow.eval import measure_acceptance
+    from jetflow.head import load_head
+    from jetflow.target import TargetModel
+    from jetflow.tracking import CHALLENGER, log_training_run, register_head, registered_model_name, set_alias
+
+    done = sorted((r for r in rows if r["finished"] and (Path(r["head_dir"]) / "model.safetensors").exists()),
+                  key=lambda r: -r["tree_tau"])
+    if not done:
+        return []
+    target = TargetModel.load(cfg.target)
+    out = []
+    for row in done[: cfg.finalists]:
+        head_dir = Path(row["head_dir"])
+        decoded = measure_acceptance(target, load_head(head_dir), prompts_per_set=cfg.eval_prompts,
+                                     new_tokens=cfg.eval_new_tokens, algorithms=("accum_logp",))
+        metrics = {**json.loads((head_dir / "metrics.json").read_text()), **decoded}
+        (head_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        run_id = log_training_run(head_dir, cfg.target, target.revision, run_name=f"arch {head_dir.name}")
+        version = register_head(run_id, cfg.target, tags={"jetflow.sweep": cfg.name})
+        taus = [v for k, v in decoded.items() if k.startswith("tau/")]
+        out.append({**{k: row[k] for k in cfg.space}, "simulated_tree_tau": row["tree_tau"], **decoded,
+                    "version": version, "head_dir": str(head_dir), "mean_tau": sum(taus) / len(taus)})
+    out.sort(key=lambda r: -r["mean_tau"])
+    if out[0]["lossless"] == 1.0:
+        set_alias(registered_model_name(cfg.target), CHALLENGER, out[0]["version"])
+    return out
+
+
+def summary_table(rows: list[dict], keys: list[str]) -> str:
+    cols = keys + ["step", "finished", "chain_tau", "tree_tau"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in sorted(rows, key=lambda r: -r["tree_tau"]):
+        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,222 @@
+"""Sweeps on Ray: a real Tune budget sweep into a temporary MLflow store (child runs, best config on
+the registry version, resume without redoing trials), `ray job submit` of the sweep against a local
+`ray start --head` this test starts and stops, and cluster.yaml through Ray's own validator."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from jetflow.errors import InvalidSettingError
+from jetflow.sweeps.budget import BudgetSweepConfig, pick_best, run_budget_sweep, trial_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cluster_yaml_passes_rays_own_cluster_config_validator():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text()))
+    validate_config(config)
+    assert config["head_node_type"] == "head"
+    workers = config["available_node_types"]["h100"]
+    assert workers["node_config"]["InstanceType"].startswith("p5.")  # H100 instances
+    assert workers["min_workers"] == 0 and workers["max_workers"] >= 1
+    assert any("[vllm]" in cmd for cmd in config["setup_commands"])
+    assert any("mlflow server" in cmd for cmd in config["head_start_ray_commands"])
+
+
+def test_sweep_config_is_validated_and_chains_ignore_width():
+    cfg = BudgetSweepConfig(budgets=[8, 2], widths=[3, 7], algorithms=["accum_logp", "chain"])
+    settings = cfg.settings()
+    assert [s for s in settings if s["algorithm"] == "chain"] == [
+        {"algorithm": "chain", "budget": b, "width": 1, "temperature": 0.0} for b in (2, 8)]
+    assert len([s for s in settings if s["algorithm"] == "accum_logp"]) == 4
+    for bad in (dict(budgets=[0]), dict(budgets=[5000]), dict(select="latency"), dict(storage="relative/dir"),
+                dict(algorithms=["beam"]), dict(sets=["sharegpt"])):
+        with pytest.raises(InvalidSettingError):
+            BudgetSweepConfig(**bad)
+
+
+def test_best_is_the_fastest_lossless_trial():
+    rows = [{"speedup": 1.4, "tau": 2.0, "lossless": 0.0}, {"speedup": 1.1, "tau": 1.5, "lossless": 1.0},
+            {"speedup": 0.9, "tau": 2.5, "lossless": 1.0}]
+    assert pick_best(rows, "speedup") is rows[1]
+    assert pick_best(rows, "tau") is rows[2]
+    assert pick_best([rows[0]], "speedup") is None
+
+
+def test_trial_metrics_average_the_speculative_rows_over_sets():
+    row = dict(method="tree", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
+               predicted_speedup=None, lossless=True)
+    report = {"rows": [row, {**row, "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
+                       {"method": "ar", "tokens_per_s": 8.0}]}
+    m = trial_metrics(report)
+    assert (m["tau"], m["speedup"], m["tokens_per_s"], m["ar_tokens_per_s"], m["lossless"]) == (2.5, 1.0, 10.0, 8.0, 0.0)
+
+
+# --------------------------------------------------------------------------- real Ray Tune + MLflow
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        yield root
+
+
+@pytest.fixture(scope="module")
+def registered_head(smollm, store):
+    """A random 1-layer SmolLM2 head, logged as a training run and registered (version, folder)."""
+    from jetflow.head import DraftHead, HeadConfig, save_head
+    from jetflow.tracking import log_training_run, register_head, registered_model_name
+
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(smollm, num_hidden_layers=1, block_size=4))
+    folder = save_head(head, store / "head")
+    (folder / "metrics.json").write_text(json.dumps({"train/steps": 0}))
+    version = register_head(log_training_run(folder, smollm.model_id, smollm.revision), smollm.model_id)
+    return registered_model_name(smollm.model_id), version, folder
+
+
+@pytest.mark.slow
+def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setting(registered_head, store):
+    import ray
+
+    from jetflow.tracking.registry import TREE_CONFIG_TAG
+    from jetflow.tracking.store import client
+
+    name, version, _ = registered_head
+    cfg = BudgetSweepConfig(head=f"models:/{name}/{version}", budgets=[2, 3], widths=[2],
+                            algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=1,
+                            max_new_tokens=4, storage=str(store / "tune"), name="budget-test")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        out = run_budget_sweep(cfg)
+        assert len(out.rows) == 4  # 2 tree + 2 chain settings, each a finished trial
+        children = client().search_runs([r.info.experiment_id for r in [client().get_run(out.parent_run_id)]],
+                                        f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")
+        assert len(children) == 4
+        for run in children:
+            assert run.data.tags["jetflow.kind"] == "eval"
+            assert run.data.tags["jetflow.head.version"] == version  # lineage back to the registry
+            taus = [k for k in run.data.metrics if k.startswith("tau/mtbench/")]
+            assert taus and all(run.data.metrics[k] >= 1.0 for k in taus)
+            assert run.data.params["budgets"] in ("2", "3") and run.data.metrics["lossless"] == 1.0
+        best = max(out.rows, key=lambda r: r["speedup"])
+        stored = json.loads(client().get_model_version(name, version).tags[TREE_CONFIG_TAG])
+        assert stored == {"algorithm": best["algorithm"], "budget": best["budget"], "width": best["width"]}
+        assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])
+
+        # rerun with the same name: Tune restores the finished experiment, no trial runs again
+        again = run_budget_sweep(cfg)
+        assert again.parent_run_id == out.parent_run_id
+        assert len(client().search_runs([children[0].info.experiment_id],
+                                        f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")) == 4
+    finally:
+        ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_the_budget_sweep_on_a_local_cluster_it_starts_and_stops(registered_head, store):
+    """`ray start --head --block` in its own process group, with its own temp dir and ports; the job is the
+    real `sweeps/budget.py` (smoke sized); only that process group is stopped (never `ray stop`)."""
+    _, _, folder = registered_head
+    bindir = Path(sys.executable).parent
+    temp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix socket paths have a length limit
+    gcs, dash = _free_port(), _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+    head = subprocess.Popen([str(bindir / "ray"), "start", "--head", "--block", f"--port={gcs}",
+                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--num-cpus=2",
+                             f"--temp-dir={temp}", "--include-dashboard=true", "--disable-usage-stats",
+                             f"--ray-client-server-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+                             f"--dashboard-agent-listen-port={_free_port()}"],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.time() + 120
+        while subprocess.run([str(bindir / "ray"), "job", "list", "--address", address], env=env,
+                             capture_output=True).returncode != 0:
+            assert head.poll() is None, head.stdout.read().decode()[-2000:]
+            assert time.time() < deadline, "the local Ray head did not come up in 120 s"
+            time.sleep(2)
+        job = subprocess.run(
+            [str(bindir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+             "python", "sweeps/budget.py", "--head", str(folder), "--budgets", "2", "--algorithms", "chain",
+             "--sets", "mtbench", "--prompts-per-set", "1", "--max-new-tokens", "4",
+             "--storage", str(store / "job-tune"), "--name", "job"],
+            env=env, capture_output=True, text=True, timeout=600)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
+        assert "best for" in job.stdout and "stored as its serving tree config" in job.stdout
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the processes it started
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- architecture sweep
+def test_arch_search_options_are_typed_and_validated():
+    from jetflow.sweeps.arch import ArchSweepConfig, parse_choices
+
+    assert parse_choices("causal=true,false") == ("causal", [True, False])
+    assert parse_choices("lr=6e-4,1e-3") == ("lr", [6e-4, 1e-3])
+    for bad in ("depth=1,2", "lr=fast", "causal=maybe", "num_layers="):
+        with pytest.raises(InvalidSettingError):
+            parse_choices(bad)
+    with pytest.raises(InvalidSettingError, match="num_layers"):  # a choice TrainConfig rejects
+        ArchSweepConfig(search=["num_layers=2,99"])
+    with pytest.raises(InvalidSettingError, match="preset"):
+        ArchSweepConfig(preset="huge")
+
+
+@pytest.mark.slow
+def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_challenger(tmp_path, monkeypatch):
+    """Two Ray Train trials (causal vs bidirectional) on the smoke data in a temporary $JETFLOW_HOME."""
+    import ray
+
+    from jetflow.paths import models_dir
+    from jetflow.sweeps.arch import ArchSweepConfig, run_arch_sweep
+    from jetflow.tracking import CHALLENGER, registered_model_name
+    from jetflow.tracking.store import client
+
+    real_models = models_dir()
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "models").symlink_to(real_models)  # the converted target, not a second copy
+    cfg = ArchSweepConfig(preset="smoke", search=["causal=true,false"], max_steps=4, eval_every=2, grace_steps=2,
+                          finalists=1, eval_prompts=1, eval_new_tokens=8, name="arch-test")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"JETFLOW_HOME": str(tmp_path)}})
+    try:
+        out = run_arch_sweep(cfg)
+    finally:
+        ray.shutdown()
+    assert sorted(r["causal"] for r in out.rows) == [False, True]
+    assert all(r["tree_tau"] >= 1.0 and r["step"] >= 2 for r in out.rows)
+    assert len(out.finalists) == 1 and out.finalists[0]["lossless"] == 1.0
+    name = registered_model_name("smollm2-135m")
+    assert str(client().get_registered_model(name).aliases[CHALLENGER]) == out.challenger == out.finalists[0]["version"]
+    assert Path(out.finalists[0]["head_dir"]).parent == tmp_path / "heads"
+    assert (Path(out.finalists[0]["head_dir"]) / "model.safetensors").exists()
