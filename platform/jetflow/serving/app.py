@@ -1,0 +1,316 @@
+"""The OpenAI-compatible HTTP API (FastAPI) behind a Ray Serve deployment, and its app builder.
+
+    serve run jetflow.serving.app:build_app                      # champion head, else plain decoding
+    serve run jetflow.serving.app:build_app head=random budget=4
+    serve deploy serve/config.yaml
+
+Routes: POST /v1/completions, POST /v1/chat/completions (both with SSE streaming), GET /v1/models,
+GET /healthz. Every error is an OpenAI error body: 400 for a bad request (malformed JSON, schema,
+ranges, prompt too long, max_tokens over the cap), 404 for an unknown model or route, never a 500
+for anything a client can send.
+"""
+
+# No `from __future__ import annotations` here: Ray Serve reads `build_app`'s parameter annotation
+# as a class to validate the builder args with pydantic.
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve import Application
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jetflow.errors import JetFlowError, PromptTooLongError, UnknownModelError
+from jetflow.serving.config import ServeConfig
+from jetflow.serving.engine import Event, GenerationEngine, request_error
+from jetflow.serving.selection import check_head_exists
+from jetflow.serving.schema import (
+    AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChunkChoice,
+    CompletionChoice, CompletionRequest, CompletionResponse, Delta, ErrorBody, ErrorDetail, ModelCard, ModelList,
+)
+
+# Serve attaches the request id to records of this logger emitted while handling a request.
+log = logging.getLogger("ray.serve")
+
+api = FastAPI(title="JetFlow", description="OpenAI-compatible API over tree speculative decoding",
+              version="0.1.0")
+
+
+# ------------------------------------------------------------------------------- error bodies
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   type_: str = "invalid_request_error") -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(message=message, type=type_, param=param, code=code))
+    return JSONResponse(status_code=status, content=body.model_dump())
+
+
+def status_of(exc: Exception) -> tuple[int, str | None]:
+    """(HTTP status, OpenAI error code) of a user-caused JetFlowError."""
+    if isinstance(exc, UnknownModelError):
+        return 404, "model_not_found"
+    if isinstance(exc, PromptTooLongError):
+        return 400, "context_length_exceeded"
+    return 400, None
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # OpenAI answers 400 (not FastAPI's 422) with one message naming the offending parameter.
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if err.get("type") == "json_invalid":
+        return error_response(400, f"malformed JSON body ({err.get('ctx', {}).get('error', err['msg'])}); "
+                                   "send a JSON object", code="invalid_json")
+    if err.get("type") == "extra_forbidden":
+        return error_response(400, f"unknown parameter {param!r}", param=param, code="unknown_parameter")
+    if err.get("type") == "missing" and param is None:
+        return error_response(400, "the request needs a JSON object body", code="invalid_json")
+    message = err["msg"].removeprefix("Value error, ")
+    return error_response(400, f"{param}: {message}" if param else message, param=param)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(exc.status_code, str(exc.detail),
+                          code="not_found" if exc.status_code == 404 else None)
+
+
+@api.exception_handler(JetFlowError)
+async def _user_error(request: Request, exc: JetFlowError) -> JSONResponse:
+    status, code = status_of(exc)
+    return error_response(status, str(exc), param=getattr(exc, "param", None), code=code)
+
+
+@api.exception_handler(Exception)
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("internal error")
+    return error_response(500, f"internal error ({exc.__class__.__name__}); see the server log",
+                          type_="server_error")
+
+
+# ------------------------------------------------------------------------------- deployment
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _chunk_dict(chunk: ChatCompletionChunk | CompletionResponse) -> dict:
+    out = chunk.model_dump(mode="json")
+    for choice in out["choices"]:  # a delta carries only what changed
+        if "delta" in choice:
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    return out
+
+
+# Defined before the deployment: serve.ingress pickles the routes (and the globals they use) when
+# the class is decorated.
+async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    yield first
+    if first.done is None:
+        async for event in rest:
+            yield event
+
+
+@serve.deployment(name="JetFlow", health_check_period_s=10)
+@serve.ingress(api)
+class JetFlowServer:
+    """One replica: the target, the chosen head and a GenerationEngine; stateless between requests."""
+
+    def __init__(self, config: dict):
+        import psutil
+        import torch
+
+        from jetflow.serving.metrics import ServingMetrics
+        from jetflow.serving.selection import choose_head
+        from jetflow.target import TargetModel
+
+        cfg = ServeConfig.model_validate(config)
+        if cfg.tracking_uri:  # this replica's process reads the registry from there
+            os.environ["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        target = TargetModel.load(cfg.model)
+        choice = choose_head(cfg, target)
+        self.cfg, self.engine, self.metrics = cfg, GenerationEngine(target, choice, cfg), ServingMetrics()
+        self.model_id = cfg.served_name or target.model_id
+        self._process = psutil.Process()
+        self._created = int(time.time())
+        if choice.speculative:
+            log.info("serving %s (%s) with head %s, tree %s; %d torch threads", self.model_id, target.revision,
+                     choice.label, choice.tree.model_dump(), torch.get_num_threads())
+        else:
+            log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision, choice.note)
+
+    # ------------------------------------------------------------------ info routes
+    @api.get("/healthz")
+    def healthz(self) -> dict:
+        """Liveness plus what a load test wants to see: in-flight generations, resident memory."""
+        return {"status": "ok", "model": self.model_id, "speculative": self.engine.choice.speculative,
+                "active": self.engine.active, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
+
+    @api.get("/v1/models")
+    def models(self) -> ModelList:
+        choice = self.engine.choice
+        info = {"target": self.engine.target.model_id, "revision": self.engine.target.revision,
+                "speculative": choice.speculative, "head": choice.label,
+                "tree": choice.tree.model_dump() if choice.speculative else None, "note": choice.note,
+                "max_prompt_tokens": self.cfg.max_prompt_tokens, "max_tokens": self.cfg.max_tokens}
+        return ModelList(data=[ModelCard(id=self.model_id, created=self._created, jetflow=info)])
+
+    # ------------------------------------------------------------------ generation routes
+    @api.post("/v1/completions")
+    async def completions(self, body: CompletionRequest):
+        return await self._serve("completions", body, body.prompt, chat=False, max_tokens=body.max_tokens,
+                                 respond=self._completion_response, stream=self._completion_stream)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest):
+        return await self._serve("chat", body, body.chat(), chat=True, max_tokens=body.requested_tokens,
+                                 respond=self._chat_response, stream=self._chat_stream)
+
+    async def _serve(self, endpoint: str, body, prompt, chat: bool, max_tokens: int | None,
+                     respond: Callable, stream: Callable):
+        t0 = time.perf_counter()
+        # the proxy's request id (the client's x-request-id when it sent one; echoed in the response)
+        rid = serve.context._get_serve_request_context().request_id
+        try:
+            if body.model != self.model_id:
+                raise request_error(UnknownModelError, f"model {body.model!r} is not served here; use "
+                                    f"{self.model_id!r} (GET /v1/models)", "model")
+            ids = self.engine.encode(prompt, chat=chat)
+            dcfg = self.engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop,
+                                             body.seed)
+            events = self.engine.events(ids, dcfg)
+            first = await anext(events)  # prefill + first round: request errors surface before any byte is sent
+        except JetFlowError as exc:
+            self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
+            log.info("%s %s rejected: %s", endpoint, rid, exc)
+            raise
+        self.metrics.active.set(self.engine.active)
+        log.info("%s %s: %d prompt tokens, max_tokens %d, temperature %s, stream %s", endpoint, rid, len(ids),
+                 dcfg.max_new_tokens, dcfg.temperature, body.stream)
+        if body.stream:
+            chunks = stream(rid, first, events, body.include_usage, self._first_text(endpoint, t0))
+            return StreamingResponse(self._timed(endpoint, rid, t0, chunks), media_type="text/event-stream")
+        gen = first.done
+        if gen is None:
+            async for event in events:
+                gen = event.done or gen
+        self._record(endpoint, rid, t0, gen)
+        return respond(rid, gen)
+
+    def _record(self, endpoint: str, rid: str, t0: float, gen, status: int = 200) -> None:
+        seconds = time.perf_counter() - t0
+        self.metrics.finished(endpoint, status, seconds)
+        self.metrics.active.set(self.engine.active)
+        if gen is not None:
+            s = gen.stats
+            self.metrics.generation(self.engine.choice.speculative, s.tau, s.tokens_per_s, len(gen.token_ids))
+            log.info("%s %s done: %d tokens (%s), %d rounds, tau %.2f, %.1f tok/s, %.2f s", endpoint, rid,
+                     len(gen.token_ids), gen.finish_reason, s.rounds, s.tau, s.tokens_per_s, seconds)
+
+    async def _timed(self, endpoint: str, rid: str, t0: float, chunks: AsyncIterator[tuple[str, Event]]):
+        """SSE bytes out; latency and a client that left early (recorded as 499, nginx's convention)."""
+        event = None
+        try:
+            async for payload, event in chunks:
+                yield payload
+        except (asyncio.CancelledError, GeneratorExit):  # the client disconnected
+            self._record(endpoint, rid, t0, None, status=499)
+            log.info("%s %s closed by the client after %d tokens", endpoint, rid, event.tokens if event else 0)
+            raise
+        except Exception as exc:  # headers are out: end the stream with an OpenAI error event
+            log.exception("%s %s failed mid-stream", endpoint, rid)
+            self._record(endpoint, rid, t0, None, status=500)
+            body = ErrorBody(error=ErrorDetail(message=f"internal error ({exc.__class__.__name__}); see the "
+                                                       "server log", type="server_error"))
+            yield _sse(body.model_dump())
+            return
+        self._record(endpoint, rid, t0, event.done if event else None)
+
+    def _first_text(self, endpoint: str, t0: float) -> Callable[[], None]:
+        """Called by a stream at its first non-empty text: records time to first token once."""
+        seen = []
+
+        def mark() -> None:
+            if not seen:
+                seen.append(True)
+                self.metrics.first_token.observe(time.perf_counter() - t0, tags={"endpoint": endpoint})
+
+        return mark
+
+    # ------------------------------------------------------------------ OpenAI shapes
+    def _completion_response(self, rid: str, gen) -> CompletionResponse:
+        return CompletionResponse(id=f"cmpl-{rid}", model=self.model_id, usage=self.engine.usage(gen),
+                                  choices=[CompletionChoice(text=gen.text, finish_reason=gen.finish_reason)])
+
+    def _chat_response(self, rid: str, gen) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=f"chatcmpl-{rid}", model=self.model_id, usage=self.engine.usage(gen),
+            choices=[ChatChoice(message=AssistantMessage(content=gen.text), finish_reason=gen.finish_reason)])
+
+    async def _chat_stream(self, rid: str, first: Event, events: AsyncIterator[Event], include_usage: bool,
+                           on_text: Callable[[], None]):
+        cid = f"chatcmpl-{rid}"
+
+        def chunk(delta: Delta, finish: str | None = None) -> str:
+            return _sse(_chunk_dict(ChatCompletionChunk(id=cid, model=self.model_id,
+                                                        choices=[ChunkChoice(delta=delta, finish_reason=finish)])))
+
+        yield chunk(Delta(role="assistant", content="")), first
+        async for event in _chain(first, events):
+            if event.text:
+                on_text()
+                yield chunk(Delta(content=event.text)), event
+        gen = event.done
+        yield chunk(Delta(), finish=gen.finish_reason), event
+        if include_usage:
+            final = ChatCompletionChunk(id=cid, model=self.model_id, choices=[], usage=self.engine.usage(gen))
+            yield _sse(final.model_dump(mode="json")), event
+        yield _sse("[DONE]"), event
+
+    async def _completion_stream(self, rid: str, first: Event, events: AsyncIterator[Event], include_usage: bool,
+                                 on_text: Callable[[], None]):
+        cid = f"cmpl-{rid}"
+
+        def chunk(text: str, finish: str | None = None) -> str:
+            return _sse(CompletionResponse(id=cid, model=self.model_id, choices=[
+                CompletionChoice(text=text, finish_reason=finish)]).model_dump(mode="json", exclude={"usage"}))
+
+        async for event in _chain(first, events):
+            if event.text:
+                on_text()
+                yield chunk(event.text), event
+        gen = event.done
+        yield chunk("", finish=gen.finish_reason), event
+        if include_usage:
+            final = CompletionResponse(id=cid, model=self.model_id, choices=[], usage=self.engine.usage(gen))
+            yield _sse(final.model_dump(mode="json")), event
+        yield _sse("[DONE]"), event
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def build_app(args: ServeConfig) -> Application:
+    """The Ray Serve application for `args` (a ServeConfig, or a dict of its fields)."""
+    cfg = args if isinstance(args, ServeConfig) else ServeConfig.model_validate(args or {})
+    check_head_exists(cfg)
+    return JetFlowServer.options(
+        autoscaling_config=cfg.autoscaling_config(),
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        ray_actor_options={"num_cpus": cfg.replica_cpus},
+        logging_config={"log_level": cfg.log_level},
+    ).bind(cfg.model_dump())

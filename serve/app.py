@@ -1,0 +1,72 @@
+"""Run the JetFlow OpenAI-compatible endpoint in the foreground; Ctrl-C stops it cleanly.
+
+    python serve/app.py                                  # 127.0.0.1:8000: the champion head, else plain decoding
+    python serve/app.py --head ~/.jetflow/heads/demo --budget 8
+    python serve/app.py --help                           # every option, with defaults
+    serve run serve.app:app                              # the same application (defaults) via Ray's CLI
+    serve run jetflow.serving.app:build_app head=random  # builder args as key=value
+    serve deploy serve/config.yaml                       # onto a running cluster (`ray start --head` first)
+
+Then: `curl 127.0.0.1:8000/v1/models`, or the `openai` client with base_url http://127.0.0.1:8000/v1.
+Prometheus metrics (ray_jetflow_*, ray_serve_*) are on 127.0.0.1:<--metrics-port>/metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from pydantic import ValidationError
+
+from jetflow.serving.app import build_app
+from jetflow.serving.config import ServeConfig, add_arguments, from_arguments
+
+# `serve run serve.app:app` imports this: a bound application, nothing loaded until it is deployed.
+app = build_app(ServeConfig())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080)")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        cfg = from_arguments(args)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        print(f"serve: error: --{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}",
+              file=sys.stderr)
+        return 2
+
+    from jetflow.errors import JetFlowError
+
+    try:
+        application = build_app(cfg)  # a missing head fails here, before Ray starts
+    except JetFlowError as exc:
+        print(f"serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    import ray
+    from ray import serve
+
+    ray.init(address="local", include_dashboard=False, _metrics_export_port=args.metrics_port)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(application, name="jetflow", route_prefix="/")
+        print(f"JetFlow serving on http://{args.host}:{args.port}/v1 (metrics :{args.metrics_port}/metrics); "
+              "Ctrl-C stops", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping", file=sys.stderr)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

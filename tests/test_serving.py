@@ -1,0 +1,453 @@
+"""The OpenAI-compatible endpoint, started for real: Ray Serve on 127.0.0.1, the bundled target, the
+official `openai` client. Two applications share one Serve instance:
+
+- "spec" serves the registry's champion (a random-init causal head registered in a temporary MLflow
+  store, with a stored tree config), so speculation is real and every greedy output must equal the
+  decoder's;
+- "plain" reads an empty registry: no champion, plain decoding, said so; autoscaled 1 → 2 replicas.
+
+Plus the parts that need no server: incremental detokenization, request and config validation.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+import torch
+from pydantic import ValidationError
+
+from jetflow.decode import DecodeConfig, Decoder
+from jetflow.serving.config import ServeConfig
+from jetflow.serving.engine import TextStream
+from jetflow.serving.schema import ChatCompletionRequest, CompletionRequest
+
+TARGET = "smollm2-135m"
+TREE = {"algorithm": "accum_logp", "budget": 4, "width": 3}   # stored on the champion version
+MAX_NEW = 10
+CAP = 48                                                        # the apps' max_tokens
+MAX_PROMPT = 200
+COMMON = {"replica_cpus": 0.5, "torch_threads": 1, "max_prompt_tokens": MAX_PROMPT, "max_tokens": CAP,
+          "default_max_tokens": MAX_NEW}
+CHAT = [{"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three primary colors."}]
+CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+HANG_S = 120  # a request that takes longer than this is hung, not slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    url: str                 # http://127.0.0.1:PORT
+    metrics_url: str
+    logs: Path               # Ray session logs (Serve replica logs under serve/)
+    champion: str            # models:/NAME/VERSION
+
+    def client(self, app: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/{app}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
+
+    def post(self, app: str, path: str, body, **kw) -> requests.Response:
+        data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        return requests.post(f"{self.url}/{app}{path}", data=data, timeout=HANG_S,
+                             headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
+
+    def get(self, app: str, path: str) -> dict:
+        r = requests.get(f"{self.url}/{app}{path}", timeout=HANG_S)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def _register_random_champion(target, home: Path) -> str:
+    """A small random-init causal head (cheap drafts: 3 depths), logged, registered, promoted to champion,
+    with TREE stored."""
+    from jetflow.head import DraftHead, HeadConfig, save_head
+    from jetflow.tracking import (CHAMPION, log_training_run, register_head, registered_model_name, set_alias,
+                                  set_tree_config)
+
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=4, num_hidden_layers=1))
+    folder = save_head(head, home / "heads" / "random")
+    version = register_head(log_training_run(folder, TARGET, target.revision), TARGET)
+    name = registered_model_name(TARGET)
+    set_alias(name, CHAMPION, version, bypass_gate=True)
+    set_tree_config(name, version, TREE)
+    return f"models:/{name}/{version}"
+
+
+@pytest.fixture(scope="module")
+def served(smollm, tmp_path_factory):
+    import ray
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    from jetflow.paths import models_dir
+    from jetflow.serving.app import build_app
+
+    home = tmp_path_factory.mktemp("jetflow_home")
+    (home / "models").symlink_to(models_dir(), target_is_directory=True)  # the converted target, reused
+    http_port, metrics_port = _free_port(), _free_port()
+    with pytest.MonkeyPatch.context() as mp:
+        # Ray's workers inherit this environment: the replicas see the temporary home and store.
+        mp.setenv("JETFLOW_HOME", str(home))
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
+        mp.setenv("RAY_metrics_report_interval_ms", "1000")
+        mp.setenv("RAY_raylet_start_wait_time_s", "120")  # a busy 2-core machine starts Ray slowly
+        champion = _register_random_champion(smollm, home)
+        ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=metrics_port)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+            serve.run_many([
+                RunTarget(build_app(COMMON), name="spec", route_prefix="/spec"),
+                RunTarget(build_app({**COMMON, "tracking_uri": f"sqlite:///{home / 'empty.db'}", "max_replicas": 2,
+                                     "target_ongoing_requests": 1, "upscale_delay_s": 0}),
+                          name="plain", route_prefix="/plain"),
+            ])
+            yield Served(f"http://127.0.0.1:{http_port}", f"http://127.0.0.1:{metrics_port}/metrics",
+                         Path(ctx.address_info["session_dir"]) / "logs", champion)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ar(smollm):
+    return Decoder(smollm)
+
+
+def greedy(decoder: Decoder, prompt, raw: bool = False, max_new: int = MAX_NEW, stop=()):
+    return decoder.generate(prompt, DecodeConfig(max_new_tokens=max_new, stop=list(stop)), raw=raw)
+
+
+# ------------------------------------------------------------------------- the champion, speculative
+
+
+@pytest.mark.slow
+def test_models_lists_the_target_served_with_the_champion_head_and_its_stored_tree(served):
+    (card,) = served.client("spec").models.list().data
+    assert card.id == TARGET
+    info = card.model_extra["jetflow"]
+    assert info["speculative"] is True and info["head"] == served.champion
+    assert info["tree"] == TREE and info["note"] is None
+
+
+@pytest.mark.slow
+def test_chat_completion_greedy_is_identical_to_the_decoder(served, ar):
+    reply = served.client("spec").chat.completions.create(model=TARGET, messages=CHAT, max_tokens=MAX_NEW,
+                                                          temperature=0)
+    ref = greedy(ar, CHAT)
+    assert reply.choices[0].message.content == ref.text
+    assert reply.choices[0].finish_reason == ref.finish_reason
+    assert reply.usage.completion_tokens == len(ref.token_ids)
+    assert reply.usage.prompt_tokens == ref.stats.prompt_tokens
+    stats = reply.usage.model_extra["jetflow"]
+    assert stats["speculative"] is True and stats["head"] == served.champion and stats["tree"] == TREE
+    assert stats["rounds"] >= 1 and stats["tau"] == pytest.approx(len(ref.token_ids) / stats["rounds"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_completion_feeds_the_raw_prompt_and_is_identical_to_the_decoder(served, ar):
+    reply = served.client("spec").completions.create(model=TARGET, prompt=CODE, max_tokens=MAX_NEW, temperature=0)
+    ref = greedy(ar, CODE, raw=True)
+    assert reply.choices[0].text == ref.text
+    assert reply.usage.completion_tokens == len(ref.token_ids) == MAX_NEW
+    assert reply.choices[0].finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_streaming_chat_concatenates_to_the_decoders_greedy_output_and_ends_with_usage(served, ar):
+    stream = served.client("spec").chat.completions.create(model=TARGET, messages=CHAT, max_tokens=MAX_NEW,
+                                                           temperature=0, stream=True,
+                                                           stream_options={"include_usage": True})
+    chunks = list(stream)
+    ref = greedy(ar, CHAT)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [ref.finish_reason]
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == len(ref.token_ids)
+    assert usage.model_extra["jetflow"]["speculative"] is True
+
+
+@pytest.mark.slow
+def test_streamed_completion_with_a_stop_string_matches_the_unstreamed_cut(served, ar):
+    ref = greedy(ar, CODE, raw=True, max_new=16)
+    stop = ref.text[len(ref.text) // 2:][:3]     # a string the greedy continuation reaches mid-way
+    assert stop and stop in ref.text
+    cut = greedy(ar, CODE, raw=True, max_new=16, stop=[stop])
+    client = served.client("spec")
+    whole = client.completions.create(model=TARGET, prompt=CODE, max_tokens=16, temperature=0, stop=stop)
+    parts = list(client.completions.create(model=TARGET, prompt=CODE, max_tokens=16, temperature=0, stop=stop,
+                                           stream=True))
+    assert whole.choices[0].text == cut.text == "".join(p.choices[0].text for p in parts)
+    assert stop not in cut.text and whole.choices[0].finish_reason == "stop" == parts[-1].choices[0].finish_reason
+
+
+# ------------------------------------------------------------------------- no champion
+
+
+@pytest.mark.slow
+def test_without_a_champion_it_serves_plain_decoding_and_says_so_everywhere(served, ar):
+    client = served.client("plain")
+    (card,) = client.models.list().data
+    info = card.model_extra["jetflow"]
+    assert info["speculative"] is False and info["head"] is None and "no champion" in info["note"]
+    reply = client.chat.completions.create(model=TARGET, messages=CHAT, max_tokens=MAX_NEW, temperature=0)
+    stats = reply.usage.model_extra["jetflow"]
+    assert stats["speculative"] is False and stats["note"] == info["note"] and stats["tau"] == 1.0
+    assert reply.choices[0].message.content == greedy(ar, CHAT).text
+    assert "no champion" in _replica_log_line(served, "plain", "WITHOUT speculation")   # said at start
+
+
+# ------------------------------------------------------------------------- bad input → 4xx, OpenAI body
+
+GOOD = {"model": TARGET, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD_REQUESTS = {
+    "malformed JSON": ("/v1/chat/completions", '{"model": "smollm2-135m", "messages": [', 400, None),
+    "not an object": ("/v1/chat/completions", "[1, 2]", 400, None),
+    "empty body": ("/v1/chat/completions", "", 400, None),
+    "missing messages": ("/v1/chat/completions", {"model": TARGET}, 400, "messages"),
+    "empty messages": ("/v1/chat/completions", {**GOOD, "messages": []}, 400, "messages"),
+    "bad role": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "robot", "content": "x"}]}, 400,
+                 "messages.0.role"),
+    "unknown model": ("/v1/chat/completions", {**GOOD, "model": "gpt-9"}, 404, "model"),
+    "temperature too high": ("/v1/chat/completions", {**GOOD, "temperature": 2.5}, 400, "temperature"),
+    "temperature negative": ("/v1/completions", {"model": TARGET, "prompt": "x", "temperature": -1}, 400,
+                             "temperature"),
+    "top_p zero": ("/v1/chat/completions", {**GOOD, "top_p": 0}, 400, "top_p"),
+    "top_p above one": ("/v1/completions", {"model": TARGET, "prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    "max_tokens over the cap": ("/v1/chat/completions", {**GOOD, "max_tokens": CAP + 1}, 400, "max_tokens"),
+    "max_tokens zero": ("/v1/chat/completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    "prompt too long": ("/v1/completions", {"model": TARGET, "prompt": "word " * (2 * MAX_PROMPT)}, 400, "prompt"),
+    "prompt too long, streaming": ("/v1/chat/completions", {**GOOD, "stream": True, "messages": [
+        {"role": "user", "content": "word " * (2 * MAX_PROMPT)}]}, 400, "messages"),
+    "unknown parameter": ("/v1/chat/completions", {**GOOD, "best_of": 3}, 400, "best_of"),
+    "n > 1": ("/v1/chat/completions", {**GOOD, "n": 2}, 400, "n"),
+    "token id out of vocab": ("/v1/completions", {"model": TARGET, "prompt": [1, 10**9]}, 400, "prompt"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_request_gets_a_4xx_with_the_openai_error_body(served, case):
+    path, body, status, param = BAD_REQUESTS[case]
+    r = served.post("spec", path, body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and len(err["message"]) > 10
+    assert err["param"] == param
+
+
+@pytest.mark.slow
+def test_the_openai_client_raises_its_own_typed_errors(served):
+    client = served.client("spec")
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.chat.completions.create(model="gpt-9", messages=CHAT)
+    with pytest.raises(openai.BadRequestError, match=f"limit of {CAP}"):
+        client.chat.completions.create(model=TARGET, messages=CHAT, max_tokens=1000)
+    r = requests.get(f"{served.url}/spec/v1/nothing-here", timeout=HANG_S)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+# ------------------------------------------------------------------------- slow and vanished clients
+
+
+def _open_stream(served: Served, app: str, max_tokens: int, rid: str = "") -> requests.Response:
+    body = {**GOOD, "messages": CHAT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    r = served.post(app, "/v1/chat/completions", body, stream=True, headers={"x-request-id": rid} if rid else {})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    return r
+
+
+def _active(served: Served, app: str) -> int:
+    return served.get(app, "/healthz")["active"]
+
+
+def _replica_log_line(served: Served, app: str, needle: str) -> str:
+    """The first line of `app`'s replica logs containing `needle` (waits, bounded, for the log flush)."""
+    deadline = time.monotonic() + 30
+    while True:
+        for path in (served.logs / "serve").glob(f"replica_{app}_*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                if needle in line:
+                    return line
+        if time.monotonic() > deadline:
+            return ""
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_client_that_disconnects_mid_stream_frees_its_slot_and_others_are_served(served):
+    rid = f"jetflow-gone-{time.time_ns()}"
+    r = _open_stream(served, "spec", CAP, rid)
+    first = next(r.iter_lines())                 # generation is under way ...
+    assert first.startswith(b"data: ")
+    r.close()                                    # ... and the client goes away
+    line = _replica_log_line(served, "spec", f"chat {rid} closed by the client after")
+    assert line, "the replica never noticed the disconnect"
+    assert int(line.split("after ")[1].split()[0]) < CAP   # it stopped generating early
+    deadline = time.monotonic() + HANG_S
+    while _active(served, "spec") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _active(served, "spec") == 0
+    reply = served.client("spec").completions.create(model=TARGET, prompt=CODE, max_tokens=4, temperature=0)
+    assert reply.usage.completion_tokens == 4
+
+
+@pytest.mark.slow
+def test_a_slow_streaming_client_does_not_block_other_requests(served):
+    slow = _open_stream(served, "spec", CAP)
+    lines = slow.iter_lines()
+    next(lines)                                  # read one event, then stop reading while others are served
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda p: served.client("spec").completions.create(
+                model=TARGET, prompt=p, max_tokens=4, temperature=0), ["def add(a, b):", "import os\n"]))
+        assert [r.usage.completion_tokens for r in replies] == [4, 4]
+        assert _active(served, "spec") >= 1      # the slow stream is still open and generating
+        rest = b"".join(lines)                   # and it still completes when its reader comes back
+        assert rest.endswith(b"data: [DONE]")
+    finally:
+        slow.close()
+
+
+# ------------------------------------------------------------------------- load, autoscaling, ids, metrics
+
+
+@pytest.mark.slow
+def test_concurrent_load_loses_no_request_and_autoscaling_adds_a_replica(served):
+    from ray import serve
+
+    def replicas() -> dict:
+        return dict(serve.status().applications["plain"].deployments["JetFlow"].replica_states)
+
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(replicas())
+            time.sleep(0.5)
+
+    def ask(i: int):
+        return served.client("plain").chat.completions.create(
+            model=TARGET, messages=[{"role": "user", "content": f"Count from {i} to {i + 5}."}], max_tokens=4,
+            temperature=0)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(ask, range(32)))
+        # the autoscaler acts on ongoing requests averaged over its look-back window: the second
+        # replica may come up just after the last reply; wait for it (bounded), well before downscaling
+        deadline = time.monotonic() + HANG_S
+        while not (seen and seen[-1].get("RUNNING", 0) >= 2) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        done.set()
+        watcher.join()
+    assert len(replies) == 32 and len({r.id for r in replies}) == 32
+    assert all(r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1 for r in replies)
+    assert seen[0].get("RUNNING") == 1 and seen[-1].get("RUNNING") == 2, seen
+
+
+@pytest.mark.slow
+def test_a_request_id_is_echoed_and_carried_through_the_replica_log(served):
+    rid = f"jetflow-test-{time.time_ns()}"
+    r = served.post("spec", "/v1/chat/completions", {**GOOD, "temperature": 0}, headers={"x-request-id": rid})
+    assert r.status_code == 200 and r.headers["x-request-id"] == rid and r.json()["id"] == f"chatcmpl-{rid}"
+    assert _replica_log_line(served, "spec", f"chat {rid} done: ")
+
+
+@pytest.mark.slow
+def test_prometheus_exports_tau_tokens_per_s_and_latency(served):
+    served.client("spec").completions.create(model=TARGET, prompt=CODE, max_tokens=4, temperature=0)
+    wanted = ("ray_jetflow_tau_count", "ray_jetflow_decode_tokens_per_s_count", "ray_jetflow_request_latency_s_count",
+              "ray_jetflow_requests_total")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = requests.get(served.metrics_url, timeout=HANG_S).text
+        if all(w in text for w in wanted):
+            break
+        time.sleep(1)
+    missing = [w for w in wanted if w not in text]
+    assert not missing, missing
+    spec_tau = [ln for ln in text.splitlines() if ln.startswith("ray_jetflow_tau_count") and 'speculative="true"' in ln]
+    assert spec_tau and float(spec_tau[0].rsplit(" ", 1)[1]) >= 1
+
+
+# ------------------------------------------------------------------------- no server needed
+
+
+@pytest.mark.slow
+def test_text_stream_deltas_concatenate_to_the_final_text_and_hold_back_stop_prefixes(smollm):
+    tok = smollm.tokenizer
+    ids = tok.encode("Hello wörld — naïve café 日本語 END tail", add_special_tokens=False)
+    text = tok.decode(ids, skip_special_tokens=True)
+    stream = TextStream(tok, stop=["END"])
+    out = "".join(stream.update(ids[:k]) for k in range(1, len(ids) + 1))
+    final = text[: text.find("END")]
+    assert "\ufffd" not in out and final.startswith(out)
+    assert out + stream.finish(final) == final
+    held = TextStream(tok, stop=["Hello there"])
+    assert held.update(tok.encode("Hello", add_special_tokens=False)) == ""   # could still become the stop
+
+
+def test_requests_are_validated_like_openai_does():
+    ok = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "developer", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x"})
+    assert ok.chat() == [{"role": "system", "content": "ab"}] and ok.stop == ["x"] and ok.temperature == 1.0
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["only one"]}).prompt == "only one"
+    for bad in ({"model": "m", "prompt": ["a", "b"]}, {"model": "m", "prompt": ""},
+                {"model": "m", "prompt": "x", "echo": True}, {"model": "m", "prompt": "x", "logprobs": 2},
+                {"model": "m", "prompt": "x", "presence_penalty": 0.5}, {"model": "m", "prompt": "x", "stop": [""]},
+                {"model": "m", "prompt": "x", "stop": list("abcde")}):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate(bad)
+
+
+def test_serve_config_refuses_inconsistent_or_unknown_settings():
+    assert ServeConfig.model_validate({"budget": "8", "max_replicas": "2"}).budget == 8   # `serve run` k=v strings
+    for bad in ({"min_replicas": 3, "max_replicas": 2}, {"default_max_tokens": 600}, {"budget": 0},
+                {"algorithm": "no-such-tree"}, {"replicas": 2}):
+        with pytest.raises(ValidationError):
+            ServeConfig.model_validate(bad)
+
+
+def test_a_missing_head_fails_when_the_app_is_built_not_in_a_replica(tmp_path):
+    from jetflow.errors import HeadNotFoundError
+    from jetflow.serving.app import build_app
+
+    with pytest.raises(HeadNotFoundError, match="no head"):
+        build_app({"head": str(tmp_path / "nope")})
+
+
+def test_the_deploy_config_validates_against_ray_and_our_schema():
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = yaml.safe_load((Path(__file__).parents[1] / "serve" / "config.yaml").read_text())
+    ServeDeploySchema.model_validate(doc)
+    assert doc["http_options"]["host"] == "127.0.0.1"
+    (app,) = doc["applications"]
+    assert app["import_path"] == "jetflow.serving.app:build_app"
+    cfg = ServeConfig.model_validate(app["args"])
+    assert cfg.head is None and cfg.alias == "champion" and cfg.max_replicas > cfg.min_replicas
