@@ -1,4 +1,5 @@
-"""`jetflow` command line: generate text with (or without) a draft head, prepare the bundled target."""
+"""`jetflow` command line: generate text with (or without) a draft head, export a head for vLLM, prepare the
+bundled target."""
 
 from __future__ import annotations
 
@@ -114,6 +115,27 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a head as a checkpoint another engine loads; today vLLM's `dflash` speculative method."""
+    from jetflow.head import check_fits, load_head
+    from jetflow.vllm.export import export_vllm
+
+    lm_head_weight = lm_head_bias = None
+    if args.target:
+        from jetflow.target import TargetModel
+
+        cfg = load_head(args.head).config  # a bad head fails before the target loads
+        target = TargetModel.load(args.target)
+        check_fits(cfg, target)
+        lm_head_weight, lm_head_bias = target.lm_head_weight, target.lm_head_bias
+    out = export_vllm(args.head, args.out, lm_head_weight=lm_head_weight, lm_head_bias=lm_head_bias,
+                      dtype=args.dtype, overwrite=args.force)
+    spec = json.loads((out / "jetflow_export.json").read_text())["speculative_config"]
+    print(out)
+    print(f"vLLM: LLM(TARGET, speculative_config={json.dumps(spec)})", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jetflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts", type=_positive("--prompts"), default=2, help="prompts per set (MT-Bench, HumanEval)")
     d.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=48)
     d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("export", help="write a head as a checkpoint vLLM's dflash speculative method loads")
+    e.add_argument("--to", required=True, choices=["vllm"], help="the engine that will load the checkpoint")
+    e.add_argument("--head", required=True, help="head folder or name under $JETFLOW_HOME/heads")
+    e.add_argument("--out", required=True, metavar="DIR", help="output folder (must be empty or absent)")
+    e.add_argument("--target", help="the head's target (bundled name, folder, hub id): checks the head fits; "
+                                    "required for draft-vocabulary heads, whose LM-head rows are copied from it")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast weights (default: as stored)")
+    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    e.set_defaults(func=cmd_export)
 
     p = sub.add_parser("prepare-model", help="convert a bundled target into $JETFLOW_HOME/models (once)")
     p.add_argument("name", help="bundled target name, e.g. smollm2-135m")

@@ -27,3 +27,11 @@ class PromptTooLongError(JetFlowError):
 
 class PromptSetUnavailableError(JetFlowError):
     """A registered prompt set whose package (or a file in it) is not installed."""
+
+
+class VllmUnavailableError(JetFlowError):
+    """A vLLM path (export check, regeneration backend, serving option) on a machine without vLLM."""
+
+
+class ExportUnsupportedError(JetFlowError):
+    """A head with an option the export target cannot load exactly (e.g. vLLM's DFlash has no per-tap norms)."""

@@ -23,6 +23,7 @@ from jetflow.errors import InvalidSettingError
 from jetflow.paths import jetflow_home
 
 MANIFEST = "manifest.json"
+BACKENDS = ("hf", "vllm")
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()),
     ("prompt_ids", pa.list_(pa.int32())),
@@ -42,6 +43,7 @@ class RegenConfig:
     batch_size: int = 16
     shard_size: int = 64
     workers: int = 1                  # >1: shards spread over Ray tasks
+    backend: str = "hf"               # "hf" (transformers generate) or "vllm" (needs the [vllm] extra)
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_prompt_tokens", "max_new_tokens", "batch_size", "shard_size", "workers"):
@@ -49,10 +51,17 @@ class RegenConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise InvalidSettingError(f"temperature must be >= 0, got {self.temperature}")
+        if self.backend not in BACKENDS:
+            raise InvalidSettingError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "vllm" and self.workers > 1:
+            raise InvalidSettingError("backend 'vllm' batches every prompt of a shard itself on one GPU engine; "
+                                      "use workers=1 (Ray tasks would each start a vLLM engine)")
 
     def key(self, revision: str) -> str:
-        """Content key of the output: what it depends on (not workers/batching)."""
-        settings = {k: v for k, v in asdict(self).items() if k not in ("workers", "batch_size")}
+        """Content key of the output: what it depends on (not workers/batching). The HF backend keeps the
+        key it always had; another backend's (numerically different) output gets a folder of its own."""
+        drop = ("workers", "batch_size") + (("backend",) if self.backend == "hf" else ())
+        settings = {k: v for k, v in asdict(self).items() if k not in drop}
         blob = json.dumps({"settings": settings, "revision": revision}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -76,29 +85,57 @@ def _shard_path(out: Path, index: int) -> Path:
     return out / f"shard-{index:05d}.parquet"
 
 
+def encode_shard(cfg: RegenConfig, items: list[PromptItem], tokenizer) -> tuple[list[tuple[str, list[int]]], int]:
+    """Chat-template each prompt → ([(prompt_id, prompt token ids)], skipped), shortest first.
+    Prompts longer than `max_prompt_tokens` are skipped (counted). Shared by every backend."""
+    from jetflow.decode.prompt import encode_prompt
+
+    skipped = 0
+    encoded = []
+    for item in items:
+        ids = encode_prompt(tokenizer, item.chat)
+        if len(ids) > cfg.max_prompt_tokens:
+            skipped += 1
+            continue
+        encoded.append((item.id, ids))
+    # Batch prompts of similar length: left padding is paid in every layer of every step (a 373-token
+    # prompt in a batch of ~100-token ones halved throughput, measured).
+    encoded.sort(key=lambda item: (len(item[1]), item[0]))
+    return encoded, skipped
+
+
+def cut_at_stop(response: list[int], eos: set[int]) -> tuple[list[int], str]:
+    """Generated ids → (ids up to and including the first stop token, "stop"), or (ids, "length")."""
+    for k, t in enumerate(response):
+        if t in eos:
+            return response[: k + 1], "stop"
+    return response, "length"
+
+
+def write_shard(rows: dict[str, list], path: Path) -> None:
+    """Columns named as SCHEMA → one Parquet file, atomically: a shard file exists only when complete."""
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(pa.table(rows, schema=SCHEMA), tmp)
+    os.replace(tmp, path)
+
+
 def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, target=None) -> dict:
     """Answer one shard of prompts and write it atomically. Returns counts."""
+    if cfg.backend == "vllm":
+        from jetflow.vllm.regenerate import regenerate_shard_vllm
+
+        return regenerate_shard_vllm(cfg, items, path, target)
     import torch
 
-    from jetflow.decode.prompt import encode_prompt, stop_token_ids
+    from jetflow.decode.prompt import stop_token_ids
     from jetflow.target import TargetModel
 
     target = target or TargetModel.load(cfg.model)
     tok = target.tokenizer
     rows = {name: [] for name in SCHEMA.names}
-    skipped = 0
-    encoded = []
-    for item in items:
-        ids = encode_prompt(tok, item.chat)
-        if len(ids) > cfg.max_prompt_tokens:
-            skipped += 1
-            continue
-        encoded.append((item.id, ids))
+    encoded, skipped = encode_shard(cfg, items, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = stop_token_ids(target)  # the same stops the decoder uses
-    # Batch prompts of similar length: left padding is paid in every layer of every step (a 373-token
-    # prompt in a batch of ~100-token ones halved throughput, measured).
-    encoded.sort(key=lambda item: (len(item[1]), item[0]))
     gen_tokens = 0
     for b in range(0, len(encoded), cfg.batch_size):
         batch = encoded[b : b + cfg.batch_size]
@@ -116,20 +153,13 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
         with torch.inference_mode():
             out = target.model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
         for r, (pid, ids) in enumerate(batch):
-            resp = out[r, width:].tolist()
-            finish = "length"
-            for k, t in enumerate(resp):
-                if t in eos:
-                    resp, finish = resp[: k + 1], "stop"
-                    break
+            resp, finish = cut_at_stop(out[r, width:].tolist(), eos)
             rows["prompt_id"].append(pid)
             rows["prompt_ids"].append(ids)
             rows["response_ids"].append(resp)
             rows["finish_reason"].append(finish)
             gen_tokens += len(resp)
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(pa.table(rows, schema=SCHEMA), tmp)
-    os.replace(tmp, path)  # atomic: a shard file exists only when complete
+    write_shard(rows, path)
     return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
 
 
@@ -139,6 +169,10 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
     `max_shards` stops after that many new shards (time-boxing; a rerun continues)."""
     from jetflow.target import TargetModel
 
+    if cfg.backend == "vllm":
+        from jetflow.vllm import require_vllm
+
+        require_vllm("regeneration with backend='vllm'")  # before minutes of target loading, not after
     target = TargetModel.load(cfg.model)
     out = out or default_output_dir(cfg, target.revision)
     out.mkdir(parents=True, exist_ok=True)
