@@ -170,14 +170,12 @@ def _select_head(cfg: BudgetSweepConfig) -> tuple[str, str | None, tuple[str, st
 
 def _train_and_register(cfg: BudgetSweepConfig) -> tuple[str, str, tuple[str, str]]:
     from jetflow.target import TargetModel
-    from jetflow.tracking import CHALLENGER, log_training_run, register_head, set_alias
+    from jetflow.tracking import CHALLENGER, log_training_run, register_head, registered_model_name, set_alias
     from jetflow.train.pipeline import run_pipeline
 
     head_dir = run_pipeline(cfg.preset, name=cfg.preset, model=cfg.target)
     target = TargetModel.load(cfg.target)
     run_id = log_training_run(head_dir, cfg.target, target.revision)
-    from jetflow.tracking import registered_model_name
-
     name = registered_model_name(cfg.target)
     version = register_head(run_id, cfg.target)
     set_alias(name, CHALLENGER, version)
