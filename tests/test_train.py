@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from jetflow.data.features import FeatureCache, FeatureSpec, build_features
+from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
 from jetflow.head import DraftHead
@@ -156,6 +156,29 @@ def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, feat
         torch.testing.assert_close(full[k], resumed[k], atol=0, rtol=0)
 
 
+def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features, tmp_path):
+    """The no-disk mode computes, item by item, exactly what the cache stores, so training is unchanged."""
+    from safetensors.torch import load_file
+
+    cached = FeatureCache(features)
+    spec = FeatureSpec(**{**cached.meta["spec"], "layer_ids": tuple(cached.meta["spec"]["layer_ids"])})
+    online = OnlineFeatures(features.parent / "regen", tiny, spec)
+    assert len(online) == len(cached) and online.tokens == cached.tokens
+    for i in (0, 5, len(cached) - 1):
+        a, b = cached[i], online[i]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
+    cfg = TrainConfig(name="o", num_layers=1, block_size=6, max_steps=4, anchors_per_seq=4, seqs_per_step=2,
+                      lr=1e-3, eval_sequences=2, checkpoint_every=10)
+    m_cache = train(cfg, tiny, cached, tmp_path / "cache", progress=False)
+    m_online = train(cfg, tiny, online, tmp_path / "online", progress=False)
+    assert m_cache["eval/chain_tau"] == m_online["eval/chain_tau"]
+    w_cache, w_online = load_file(str(tmp_path / "cache" / "model.safetensors")), load_file(str(tmp_path / "online" / "model.safetensors"))
+    for k in w_cache:
+        assert torch.equal(w_cache[k], w_online[k]), k
+
+
 def test_unknown_training_options_are_rejected():
     from jetflow.errors import InvalidSettingError
 
@@ -181,6 +204,35 @@ def test_regeneration_interrupted_and_rerun_equals_an_uninterrupted_run(smollm, 
     assert a["target_revision"] == smollm.revision and a["settings"]["max_new_tokens"] == 12
 
 
+@pytest.mark.slow
+def test_batched_regeneration_equals_hf_generate_and_each_prompt_alone(smollm):
+    """Our loop (rows leave the batch when they stop, buffered KV) gives HF `generate`'s greedy tokens
+    for a left-padded batch, and each row equals decoding its prompt on its own."""
+    from jetflow.data.batchgen import generate_batch
+    from jetflow.decode.prompt import encode_prompt, stop_token_ids
+
+    tok = smollm.tokenizer
+    prompts = [encode_prompt(tok, [{"role": "user", "content": text}]) for text in
+               ["Say hi.", "List three prime numbers and explain why each is prime.", "What is 2+2? Answer briefly."]]
+    stops, pad = stop_token_ids(smollm), tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ours = generate_batch(smollm, prompts, 24, stops, pad)
+    assert any(len(r) < 24 for r in ours) and any(len(r) == 24 for r in ours)  # rows really leave early
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        ref = smollm.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=24, do_sample=False,
+                                    pad_token_id=pad)[:, width:].tolist()
+    for row, hf in zip(ours, ref):
+        assert row == hf[: len(row)] and (len(row) == 24 or row[-1] in stops)
+    for p, row in zip(prompts, ours):
+        assert generate_batch(smollm, [p], 24, stops, pad) == [row]
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    sampled = generate_batch(smollm, prompts, 16, stops, pad, temperature=0.8, generator=g1)
+    assert sampled == generate_batch(smollm, prompts, 16, stops, pad, temperature=0.8, generator=g2)
+    assert sampled != [r[:16] for r in ours]  # really sampled, not greedy
+
+
 def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp_path):
     """A real Ray Train TorchTrainer (one CPU worker) loads the target by path and trains on the cache."""
     import ray
@@ -195,9 +247,15 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         metrics = train_on_ray(cfg, str(model_dir), features, tmp_path / "head", storage=tmp_path / "ray")
+        # the online mode: the workers get the regenerated data and the spec, not a cache folder
+        cached = FeatureCache(features)
+        spec = FeatureSpec(**{**cached.meta["spec"], "layer_ids": tuple(cached.meta["spec"]["layer_ids"])})
+        online = train_on_ray(cfg, str(model_dir), OnlineFeatures(features.parent / "regen", tiny, spec),
+                              tmp_path / "online", storage=tmp_path / "ray")
     finally:
         ray.shutdown()
     assert metrics["step"] == 3 and "eval/chain_tau" in metrics
+    assert online["eval/chain_tau"] == metrics["eval/chain_tau"]
     head = load_head(tmp_path / "head")
     assert head.config.block_size == 6 and head.config.target_layer_ids == [1, 2, 3]
     assert (tmp_path / "head" / "checkpoints").exists()

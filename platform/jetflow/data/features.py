@@ -69,6 +69,25 @@ def sequence_features(target, ids: list[int], layer_ids, topk: int, teacher_from
     return out.features, t_ids, t_logp
 
 
+def _usable(row: dict, spec: FeatureSpec) -> bool:
+    return min(len(row["prompt_ids"]) + len(row["response_ids"]), spec.max_len) > len(row["prompt_ids"])
+
+
+def sequence_item(target, spec: FeatureSpec, row: dict) -> dict | None:
+    """One regenerated row → the training item the cache stores (fp16 features and teacher log-probs),
+    or None when no response token fits within `max_len`."""
+    if not _usable(row, spec):
+        return None
+    ids = (row["prompt_ids"] + row["response_ids"])[: spec.max_len]
+    f, ti, tl = sequence_features(target, ids, spec.layer_ids, spec.teacher_topk,
+                                  teacher_from=len(row["prompt_ids"]) - 1)
+    peak = f.abs().max().item()
+    if peak > FP16_MAX:
+        raise InvalidSettingError(f"tapped activations reach {peak:.3g} > fp16 range; tap other layers")
+    return {"tokens": torch.tensor(ids, dtype=torch.long), "features": f.half(), "teacher_ids": ti.long(),
+            "teacher_logp": tl.half(), "response_start": len(row["prompt_ids"])}
+
+
 def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None = None, progress: bool = True) -> Path:
     """Compute (or resume) the feature cache for a regenerated dataset. Returns its folder."""
     from tqdm import tqdm
@@ -87,20 +106,15 @@ def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None 
             continue
         toks, feats, t_ids, t_logp, offsets, starts = [], [], [], [], [0], []
         for row in data.select(range(lo, hi)):
-            ids = (row["prompt_ids"] + row["response_ids"])[: spec.max_len]
-            if len(ids) <= len(row["prompt_ids"]):
-                continue  # no response left within max_len
-            f, ti, tl = sequence_features(target, ids, spec.layer_ids, spec.teacher_topk,
-                                          teacher_from=len(row["prompt_ids"]) - 1)
-            peak = f.abs().max().item()
-            if peak > FP16_MAX:
-                raise InvalidSettingError(f"tapped activations reach {peak:.3g} > fp16 range; tap other layers")
-            toks.append(torch.tensor(ids, dtype=torch.int32))
-            feats.append(f.half())
-            t_ids.append(ti)
-            t_logp.append(tl.half())
-            offsets.append(offsets[-1] + len(ids))
-            starts.append(len(row["prompt_ids"]))
+            item = sequence_item(target, spec, row)
+            if item is None:
+                continue
+            toks.append(item["tokens"].to(torch.int32))
+            feats.append(item["features"])
+            t_ids.append(item["teacher_ids"].to(torch.int32))
+            t_logp.append(item["teacher_logp"])
+            offsets.append(offsets[-1] + len(item["tokens"]))
+            starts.append(item["response_start"])
         tensors = {
             "tokens": torch.cat(toks), "features": torch.cat(feats), "teacher_ids": torch.cat(t_ids),
             "teacher_logp": torch.cat(t_logp), "offsets": torch.tensor(offsets, dtype=torch.int64),
@@ -143,3 +157,30 @@ class FeatureCache:
     @property
     def tokens(self) -> int:
         return sum(int(s["offsets"][-1]) for s in self._shards)
+
+
+class OnlineFeatures:
+    """The feature cache's read side computed on the fly from the regenerated data (no disk beyond the
+    Arrow tokens): each item is one target forward, bit-identical to what `build_features` stores.
+    For when disk is short; costs a target forward per sequence per epoch."""
+
+    def __init__(self, regen_dir: Path, target, spec: FeatureSpec):
+        from jetflow.data.regenerate import MANIFEST, load_regenerated
+
+        self.target, self.spec, self.regen_dir = target, spec, Path(regen_dir)
+        manifest = json.loads((Path(regen_dir) / MANIFEST).read_text())
+        data = load_regenerated(Path(regen_dir))
+        self._rows = [row for row in data if _usable(row, spec)]
+        self.meta = {"spec": asdict(spec), "data_manifest": manifest, "online": True,
+                     "target_model_id": target.model_id, "target_revision": target.revision,
+                     "bytes_per_token": 0}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor | int]:
+        return sequence_item(self.target, self.spec, self._rows[i])
+
+    @property
+    def tokens(self) -> int:
+        return sum(min(len(r["prompt_ids"]) + len(r["response_ids"]), self.spec.max_len) for r in self._rows)

@@ -127,6 +127,7 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
         return regenerate_shard_vllm(cfg, items, path, target)
     import torch
 
+    from jetflow.data.batchgen import generate_batch
     from jetflow.decode.prompt import stop_token_ids
     from jetflow.target import TargetModel
 
@@ -137,23 +138,14 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = stop_token_ids(target)  # the same stops the decoder uses
     gen_tokens = 0
+    # sampling is seeded per shard, so a resumed job regenerates a lost shard exactly
+    generator = torch.Generator().manual_seed(int(hashlib.sha256(path.name.encode()).hexdigest()[:8], 16))
     for b in range(0, len(encoded), cfg.batch_size):
         batch = encoded[b : b + cfg.batch_size]
-        width = max(len(ids) for _, ids in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (_, ids) in enumerate(batch):  # left padding
-            input_ids[r, width - len(ids):] = torch.tensor(ids)
-            attn[r, width - len(ids):] = 1
-        kwargs = dict(max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
-        if cfg.temperature > 0:
-            kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=False)
-        with torch.inference_mode():
-            out = target.model.generate(input_ids=input_ids, attention_mask=attn, **kwargs)
-        for r, (pid, ids) in enumerate(batch):
-            resp, finish = cut_at_stop(out[r, width:].tolist(), eos)
+        answers = generate_batch(target, [ids for _, ids in batch], cfg.max_new_tokens, eos, pad,
+                                 temperature=cfg.temperature, generator=generator)
+        for (pid, ids), generated in zip(batch, answers):
+            resp, finish = cut_at_stop(generated, eos)
             rows["prompt_id"].append(pid)
             rows["prompt_ids"].append(ids)
             rows["response_ids"].append(resp)

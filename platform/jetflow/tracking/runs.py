@@ -145,7 +145,7 @@ def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
     agreement = sorted((int(m[1]), v) for k, v in metrics.items() if (m := _AGREE_KEY.match(k)))
     steps = {AGREEMENT_BY_DEPTH: [v for _, v in agreement]} if agreement else {}
     params = {**_head_params(config), **_flatten("train", train_cfg, {})}
-    for key in ("data_manifest_sha256", "data_tokens", "preset", "data_dir", "features_dir"):
+    for key in ("data_manifest_sha256", "data_tokens", "preset", "data_dir", "features"):
         if key in prov:
             params[f"data.{key.removeprefix('data_')}"] = str(prov[key])
     sha = registry.weights_sha256(head_dir)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from jetflow.data.features import FeatureCache, FeatureSpec, build_features
+from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, RegenConfig, regenerate
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir
@@ -71,10 +71,14 @@ def provenance(extra: dict) -> dict:
 
 
 def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135m", use_ray: bool = True,
-                 workers: int = 1, train_overrides: dict | None = None, regen_overrides: dict | None = None) -> Path:
-    """Returns the head folder ($JETFLOW_HOME/heads/<name>) with weights, provenance and metrics."""
+                 workers: int = 1, train_overrides: dict | None = None, regen_overrides: dict | None = None,
+                 features: str = "cache") -> Path:
+    """Returns the head folder ($JETFLOW_HOME/heads/<name>) with weights, provenance and metrics.
+    `features="online"` computes the tapped features during training instead of caching them."""
     if preset not in PRESETS:
         raise InvalidSettingError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    if features not in ("cache", "online"):
+        raise InvalidSettingError(f"features must be 'cache' or 'online', got {features!r}")
     from jetflow.target import TargetModel
 
     p = PRESETS[preset]
@@ -88,7 +92,7 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     target = TargetModel.load(model)
     spec = FeatureSpec.for_target(target, tcfg.num_taps, p.features_max_len)
     t0 = time.perf_counter()
-    feat_dir = build_features(regen_dir, target, spec)
+    data = OnlineFeatures(regen_dir, target, spec) if features == "online" else build_features(regen_dir, target, spec)
     timings["features_s"] = time.perf_counter() - t0
 
     out = heads_dir() / tcfg.name
@@ -96,11 +100,11 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     if use_ray:
         from jetflow.train.ray_train import train_on_ray
 
-        train_on_ray(tcfg, model, feat_dir, out, num_workers=workers)
+        train_on_ray(tcfg, model, data, out, num_workers=workers)
     else:
         from jetflow.train.trainer import train
 
-        train(tcfg, target, FeatureCache(feat_dir), out)
+        train(tcfg, target, data if features == "online" else FeatureCache(data), out)
     timings["train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     from jetflow.eval import measure_acceptance
@@ -114,7 +118,8 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     manifest = json.loads((regen_dir / MANIFEST).read_text())
     (out / "provenance.json").write_text(json.dumps(provenance({
         "preset": preset, "data_dir": str(regen_dir), "data_manifest_sha256": manifest["content_sha256"],
-        "data_tokens": manifest["response_tokens"], "features_dir": str(feat_dir), "timings": timings,
+        "data_tokens": manifest["response_tokens"], "timings": timings,
+        "features": "online" if features == "online" else str(data),
         "train_config": tcfg.to_dict(),
     }), indent=2) + "\n")
     return out

@@ -10,14 +10,19 @@ from pathlib import Path
 def _loop(config: dict) -> None:
     import ray.train
 
-    from jetflow.data.features import FeatureCache
+    from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures
     from jetflow.target import TargetModel
     from jetflow.train.config import TrainConfig
     from jetflow.train.trainer import train
 
     ctx = ray.train.get_context()
     target = TargetModel.load(config["model"])
-    data = FeatureCache(Path(config["features"]))
+    online = config.get("online")
+    if online:  # features computed on the fly from the regenerated data (no feature cache on disk)
+        spec = FeatureSpec(**{**online["spec"], "layer_ids": tuple(online["spec"]["layer_ids"])})
+        data = OnlineFeatures(Path(online["regen_dir"]), target, spec)
+    else:
+        data = FeatureCache(Path(config["features"]))
     every = max(1, config["train"]["checkpoint_every"])
 
     def log(metrics: dict, step: int) -> None:
@@ -38,12 +43,13 @@ def _loop(config: dict) -> None:
     ray.train.report({**metrics, "step": metrics.get("train/steps", 0)}, checkpoint=checkpoint)
 
 
-def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 1, use_gpu: bool = False,
+def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use_gpu: bool = False,
                  storage: Path | None = None, callbacks: list | None = None, run_name: str | None = None,
                  evals_only: bool = False, cpus_per_worker: float | None = None) -> dict:
     """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
     go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
-    `evals_only` so that only reports with held-out metrics are made)."""
+    `evals_only` so that only reports with held-out metrics are made). `features` is a feature-cache
+    folder, or an `OnlineFeatures` (its regenerated data and spec travel to the workers instead)."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -54,7 +60,7 @@ def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 
         ray.init(include_dashboard=False, log_to_driver=False)
     trainer = TorchTrainer(
         _loop,
-        train_loop_config={"train": dataclasses.asdict(cfg), "model": model, "features": str(features),
+        train_loop_config={"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
                            "out": str(Path(out).resolve()), "evals_only": evals_only},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                      resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
@@ -63,3 +69,11 @@ def train_on_ray(cfg, model: str, features: Path, out: Path, num_workers: int = 
     )
     result = trainer.fit()
     return dict(result.metrics or {})
+
+
+def _features_config(features) -> dict:
+    from jetflow.data.features import OnlineFeatures
+
+    if isinstance(features, OnlineFeatures):
+        return {"online": {"regen_dir": str(features.regen_dir), "spec": dataclasses.asdict(features.spec)}}
+    return {"features": str(features)}
