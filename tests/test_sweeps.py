@@ -44,6 +44,10 @@ def test_sweep_config_is_validated_and_chains_ignore_width():
     assert [s for s in settings if s["algorithm"] == "chain"] == [
         {"algorithm": "chain", "budget": b, "width": 1, "temperature": 0.0} for b in (2, 8)]
     assert len([s for s in settings if s["algorithm"] == "accum_logp"]) == 4
+    # a chain of a block-16 head has at most 16 nodes: budgets 32 and 64 would repeat budget 16
+    wide = BudgetSweepConfig(budgets=[8, 16, 32, 64], algorithms=["accum_logp", "chain"]).settings(block_size=16)
+    assert [s["budget"] for s in wide if s["algorithm"] == "chain"] == [8, 16]
+    assert [s["budget"] for s in wide if s["algorithm"] == "accum_logp"] == [8, 16, 32, 64]
     for bad in (dict(budgets=[0]), dict(budgets=[5000]), dict(select="latency"), dict(storage="relative/dir"),
                 dict(algorithms=["beam"]), dict(sets=["sharegpt"])):
         with pytest.raises(InvalidSettingError):
@@ -60,7 +64,7 @@ def test_best_is_the_fastest_lossless_trial():
 
 def test_trial_metrics_average_the_speculative_rows_over_sets():
     row = dict(method="tree", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
-               predicted_speedup=None, lossless=True)
+               lossless=True)
     report = {"rows": [row, {**row, "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
                        {"method": "ar", "tokens_per_s": 8.0}]}
     m = trial_metrics(report)

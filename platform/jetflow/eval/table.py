@@ -33,12 +33,21 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
+def markdown_table(rows: Sequence[Mapping], columns: Sequence[str | tuple[str, str, str]],
+                   suffix: Sequence[str] | None = None) -> str:
+    """The one markdown renderer: a column is a row key (floats shown with 3 significant digits) or
+    (header, key, format); `suffix[i]` is appended after row i's closing bar (e.g. a **best** mark)."""
+    cols = [c if isinstance(c, tuple) else (c, c, "") for c in columns]
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for i, r in enumerate(rows):
+        cells = [_cell(r.get(k), f or ("{:.3g}" if isinstance(r.get(k), float) else "{}")) for _, k, f in cols]
+        lines.append("| " + " | ".join(cells) + " |" + (suffix[i] if suffix else ""))
+    return "\n".join(lines) + "\n"
+
+
 def rows_table(rows: Sequence[Mapping]) -> str:
     """One markdown line per report row (speedups decode-only; e2e includes prefill)."""
-    lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in COLUMNS) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, COLUMNS).rstrip("\n")
 
 
 def curve_table(curve: Mapping) -> str:

@@ -213,8 +213,6 @@ def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:
 
 
 def summary_table(rows: list[dict], keys: list[str]) -> str:
-    cols = keys + ["step", "finished", "chain_tau", "tree_tau"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in sorted(rows, key=lambda r: -r["tree_tau"]):
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    from jetflow.eval.table import markdown_table
+
+    return markdown_table(sorted(rows, key=lambda r: -r["tree_tau"]), keys + ["step", "finished", "chain_tau", "tree_tau"])

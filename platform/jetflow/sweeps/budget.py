@@ -64,15 +64,26 @@ class BudgetSweepConfig:
     def storage_path(self) -> Path:
         return Path(self.storage) if self.storage else jetflow_home() / "ray_results"
 
-    def settings(self) -> list[dict[str, Any]]:
-        """One dict per trial; a chain ignores width, so it appears once per budget."""
+    def settings(self, block_size: int | None = None) -> list[dict[str, Any]]:
+        """One dict per trial; a chain ignores width, so it appears once per budget — and, for a head
+        of `block_size`, once for all budgets >= block_size (a chain has at most block_size nodes)."""
         out = []
         for t in self.temperatures:
             for alg in self.algorithms:
                 widths = [1] if alg == "chain" else self.widths
+                budgets = self.budgets
+                if alg == "chain" and block_size:
+                    budgets = sorted({min(b, block_size) for b in self.budgets})
                 out += [{"algorithm": alg, "budget": b, "width": w, "temperature": t}
-                        for b in self.budgets for w in widths]
+                        for b in budgets for w in widths]
         return out
+
+
+def _block_size(head_path: str) -> int | None:
+    try:
+        return int(json.loads(Path(head_path, "config.json").read_text())["block_size"])
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- trials
@@ -111,7 +122,7 @@ def trial_metrics(report: dict) -> dict[str, float]:
     lossless = [r["lossless"] for r in rows if r.get("lossless") is not None]
     return {"tau": mean("tau", rows), "speedup": mean("speedup_vs_ar", rows),
             "e2e_speedup": mean("e2e_speedup", rows), "tokens_per_s": mean("tokens_per_s", rows),
-            "ar_tokens_per_s": mean("tokens_per_s", ar), "predicted_speedup": mean("predicted_speedup", rows),
+            "ar_tokens_per_s": mean("tokens_per_s", ar),
             "lossless": float(all(lossless)) if lossless else math.nan}
 
 
@@ -213,14 +224,12 @@ def pick_best(rows: list[dict], select: str) -> dict | None:
 
 
 def summary_table(rows: list[dict], best: dict | None) -> str:
-    cols = ["algorithm", "budget", "width", "temperature", "tau", "speedup", "predicted_speedup",
-            "tokens_per_s", "ar_tokens_per_s", "lossless"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"])):
-        cells = [f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c)) for c in cols]
-        mark = " **best**" if best is not None and r is best else ""
-        lines.append("| " + " | ".join(cells) + " |" + mark)
-    return "\n".join(lines) + "\n"
+    from jetflow.eval.table import markdown_table
+
+    cols = ["algorithm", "budget", "width", "temperature", "tau", "speedup", "tokens_per_s", "ar_tokens_per_s",
+            "lossless"]
+    ordered = sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"]))
+    return markdown_table(ordered, cols, [" **best**" if best is not None and r is best else "" for r in ordered])
 
 
 def run_budget_sweep(cfg: BudgetSweepConfig, ray_address: str | None = None) -> SweepOutcome:
@@ -250,7 +259,8 @@ def run_budget_sweep(cfg: BudgetSweepConfig, ray_address: str | None = None) -> 
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={"setting": tune.grid_search(cfg.settings()), "shared": shared},
+            param_space={"setting": tune.grid_search(cfg.settings(_block_size(head_path))),
+                                 "shared": shared},
             tune_config=tune.TuneConfig(metric=cfg.select, mode="max", max_concurrent_trials=cfg.max_concurrent,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=cfg.name, storage_path=str(cfg.storage_path), verbose=1),
@@ -261,7 +271,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, ray_address: str | None = None) -> 
         if res.error is not None or not res.metrics or "tau" not in res.metrics:
             continue
         rows.append({**res.config["setting"], **{k: res.metrics[k] for k in (
-            "tau", "speedup", "e2e_speedup", "tokens_per_s", "ar_tokens_per_s", "predicted_speedup", "lossless",
+            "tau", "speedup", "e2e_speedup", "tokens_per_s", "ar_tokens_per_s", "lossless",
             "mlflow_run_id")}})
     failed = sum(1 for res in grid if res.error is not None)
     best = pick_best(rows, cfg.select)

@@ -5,7 +5,6 @@ fluent active-run state, so logging works the same inside Ray Tune trials that h
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -195,18 +194,9 @@ def _eval_lineage(report: EvalReport) -> dict[str, str]:
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(no rows)\n"
-    cols = list(rows[0])
+    from jetflow.eval.table import markdown_table
 
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return "nan" if math.isnan(v) else f"{v:.4g}"
-        return "" if v is None else str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(rows, list(rows[0])) if rows else "(no rows)\n"
 
 
 def log_evaluation(report: dict | EvalReport, run_name: str | None = None, parent_run_id: str | None = None) -> str:
