@@ -161,8 +161,7 @@ def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features,
     from safetensors.torch import load_file
 
     cached = FeatureCache(features)
-    spec = FeatureSpec(**{**cached.meta["spec"], "layer_ids": tuple(cached.meta["spec"]["layer_ids"])})
-    online = OnlineFeatures(features.parent / "regen", tiny, spec)
+    online = OnlineFeatures(features.parent / "regen", tiny, FeatureSpec.from_dict(cached.meta["spec"]))
     assert len(online) == len(cached) and online.tokens == cached.tokens
     for i in (0, 5, len(cached) - 1):
         a, b = cached[i], online[i]
@@ -249,7 +248,7 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
         metrics = train_on_ray(cfg, str(model_dir), features, tmp_path / "head", storage=tmp_path / "ray")
         # the online mode: the workers get the regenerated data and the spec, not a cache folder
         cached = FeatureCache(features)
-        spec = FeatureSpec(**{**cached.meta["spec"], "layer_ids": tuple(cached.meta["spec"]["layer_ids"])})
+        spec = FeatureSpec.from_dict(cached.meta["spec"])
         online = train_on_ray(cfg, str(model_dir), OnlineFeatures(features.parent / "regen", tiny, spec),
                               tmp_path / "online", storage=tmp_path / "ray")
     finally:

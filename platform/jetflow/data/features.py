@@ -40,6 +40,11 @@ class FeatureSpec:
 
         return cls(layer_ids=tuple(default_layer_ids(target.num_layers, num_taps)), max_len=max_len)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "FeatureSpec":
+        """The inverse of `asdict` (a cache's `features.json` "spec", a Ray Train loop config)."""
+        return cls(**{**d, "layer_ids": tuple(d["layer_ids"])})
+
     def bytes_per_token(self, hidden: int) -> int:
         return 2 * len(self.layer_ids) * hidden + 4 + 6 * self.teacher_topk
 

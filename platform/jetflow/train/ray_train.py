@@ -19,8 +19,7 @@ def _loop(config: dict) -> None:
     target = TargetModel.load(config["model"])
     online = config.get("online")
     if online:  # features computed on the fly from the regenerated data (no feature cache on disk)
-        spec = FeatureSpec(**{**online["spec"], "layer_ids": tuple(online["spec"]["layer_ids"])})
-        data = OnlineFeatures(Path(online["regen_dir"]), target, spec)
+        data = OnlineFeatures(Path(online["regen_dir"]), target, FeatureSpec.from_dict(online["spec"]))
     else:
         data = FeatureCache(Path(config["features"]))
     every = max(1, config["train"]["checkpoint_every"])
