@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -17,3 +18,12 @@ def models_dir() -> Path:
 
 def heads_dir() -> Path:
     return jetflow_home() / "heads"
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, read in 4 MiB chunks (weights and GGUF files are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -5,7 +5,6 @@ The package is installed with `--no-deps` and never imported: we only locate its
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import shutil
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jetflow.errors import UnknownModelError
-from jetflow.paths import models_dir
+from jetflow.paths import file_sha256, models_dir
 
 MANIFEST = "jetflow_target.json"
 
@@ -52,14 +51,6 @@ def _gguf_file(spec: BundledTarget) -> Path:
     if not files:
         raise UnknownModelError(f"no .gguf file inside the package {spec.pip_spec}; reinstall it")
     return files[0]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def bundled_dir(name: str) -> Path:
@@ -102,13 +93,14 @@ def prepare_bundled(name: str, force: bool = False) -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        source_sha256 = file_sha256(gguf)
         manifest = {
             "name": name,
             "source_package": spec.pip_spec,
             "source_file": gguf.name,
-            "source_sha256": _sha256(gguf),
+            "source_sha256": source_sha256,
             "hub_id": spec.hub_id,
-            "revision": f"{spec.pip_spec}:{_sha256(gguf)[:12]}",
+            "revision": f"{spec.pip_spec}:{source_sha256[:12]}",
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if out.exists():

@@ -26,6 +26,7 @@ from mlflow.protos.databricks_pb2 import (
 )
 
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
+from jetflow.paths import file_sha256
 from jetflow.tracking.store import client, experiment_for, local_root, safe_name, tracking_uri
 
 NAME_SUFFIX = "-jetflow-head"
@@ -52,11 +53,7 @@ def registered_model_name(target_id: str) -> str:
 # --------------------------------------------------------------------------- head folder facts
 def weights_sha256(head_dir: str | Path) -> str:
     """sha256 of model.safetensors: identifies a head across folders, runs and registry copies."""
-    h = hashlib.sha256()
-    with open(Path(head_dir) / "model.safetensors", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(Path(head_dir) / "model.safetensors")
 
 
 def _parameter_count(weights: Path) -> int:

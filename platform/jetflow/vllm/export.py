@@ -9,7 +9,6 @@ JetFlow's. The export is exact or refused: a head option vLLM's DFlash model has
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -28,6 +27,7 @@ from jetflow.errors import (
 )
 from jetflow.head.config import HeadConfig
 from jetflow.head.io import CONFIG, WEIGHTS, load_head, resolve_head_path
+from jetflow.paths import file_sha256
 from jetflow.vllm import VLLM_VERSION
 
 PROVENANCE = "jetflow_export.json"
@@ -133,14 +133,6 @@ def vllm_config(cfg: HeadConfig, dtype: torch.dtype) -> dict[str, Any]:
     return config
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def export_vllm(head: str | Path, out: str | Path, *, lm_head_weight: torch.Tensor | None = None,
                 lm_head_bias: torch.Tensor | None = None, dtype: str | None = None,
                 overwrite: bool = False) -> Path:
@@ -187,8 +179,8 @@ def export_vllm(head: str | Path, out: str | Path, *, lm_head_weight: torch.Tens
         "vllm_loader": VLLM_LOADER,
         "speculative_config": {"method": "dflash", "model": str(out), "num_speculative_tokens": cfg.depth},
         "source_head": str(src),
-        "source_weights_sha256": _sha256(src / WEIGHTS),
-        "weights_sha256": _sha256(tmp / WEIGHTS),
+        "source_weights_sha256": file_sha256(src / WEIGHTS),
+        "weights_sha256": file_sha256(tmp / WEIGHTS),
         "causal": cfg.causal,
         "converted": converted,
         "target_model_id": cfg.target_model_id,
