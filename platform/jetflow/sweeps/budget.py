@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jetflow.errors import InvalidSettingError
+from jetflow.errors import InvalidSettingError, JetFlowError
 from jetflow.paths import jetflow_home
 
 SELECT = ("speedup", "tau")
@@ -80,9 +80,13 @@ class BudgetSweepConfig:
 
 
 def _block_size(head_path: str) -> int | None:
+    """The head's block size, read the way `load_head` reads it (None if the folder has no config)."""
+    from jetflow.head.config import HeadConfig
+    from jetflow.head.io import CONFIG
+
     try:
-        return int(json.loads(Path(head_path, "config.json").read_text())["block_size"])
-    except (OSError, KeyError, ValueError):
+        return HeadConfig.from_dflash_dict(json.loads(Path(head_path, CONFIG).read_text())).block_size
+    except (OSError, KeyError, ValueError, JetFlowError):
         return None
 
 
