@@ -1,9 +1,7 @@
 """Batched generation for regeneration: left-padded prefill, then one token per live row per step.
 
-Three things `model.generate` does not do, and that regeneration pays for on a small CPU:
+Two things `model.generate` does not do, and that regeneration pays for on a small CPU:
 - a row that has stopped leaves the batch (HF keeps every row until the longest one ends);
-- waiting prompts take the freed slots (continuous batching), so the batch stays full instead of
-  dwindling to its longest answer;
 - the KV cache grows into a preallocated buffer instead of being re-concatenated every step
   (a `DynamicCache` copies every layer's keys and values once per token: ~30 % of a batch-32 step
   for SmolLM2-135M, measured).
@@ -52,72 +50,27 @@ def buffered_cache(num_layers: int) -> DynamicCache:
     return cache
 
 
-def _merge_caches(a: DynamicCache, b: DynamicCache) -> DynamicCache:
-    """Stack two buffered caches row-wise, left-padding the shorter one with zeros (masked out by the
-    attention mask; zeros, not uninitialised memory, so a masked key can never produce a NaN)."""
-    merged = buffered_cache(len(a.layers))
-    for out, la, lb in zip(merged.layers, a.layers, b.layers):
-        n = max(la._n, lb._n)
-        cap = max(64, 2 * n)
-        shape = (la.keys.shape[0] + lb.keys.shape[0], *la.keys.shape[1:-2], cap, la.keys.shape[-1])
-        kbuf, vbuf = la.keys.new_zeros(shape), la.values.new_zeros(shape)
-        ba = la.keys.shape[0]
-        kbuf[:ba, ..., n - la._n : n, :], vbuf[:ba, ..., n - la._n : n, :] = la.keys, la.values
-        kbuf[ba:, ..., n - lb._n : n, :], vbuf[ba:, ..., n - lb._n : n, :] = lb.keys, lb.values
-        out.lazy_initialization(la.keys, la.values)
-        out._kbuf, out._vbuf, out._n = kbuf, vbuf, n
-        out.keys, out.values = kbuf[..., :n, :], vbuf[..., :n, :]
-    return merged
-
-
-def _left_pad(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    return torch.cat([x.new_full((x.shape[0], width - x.shape[1]), value), x], dim=1) if width > x.shape[1] else x
-
-
-def _prefill(body, prompts: list[list[int]], pad_id: int, num_layers: int):
-    """Left-padded prefill of `prompts` into a fresh buffered cache → (cache, last hidden, mask, positions)."""
+@torch.inference_mode()
+def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int,
+                   temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
+    """Prompt token ids → generated ids per prompt (each ends at its first stop id, included, or after
+    `max_new_tokens`). Rows are left-padded; positions count real tokens only, as in `generate`."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    b = len(prompts)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
     for r, p in enumerate(prompts):
         ids[r, width - len(p):] = torch.tensor(p)
         attn[r, width - len(p):] = 1
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache = buffered_cache(num_layers)
+    cache = buffered_cache(target.config.num_hidden_layers)
+    body = target.model.model
     out = body(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
-    return cache, out.last_hidden_state[:, -1], attn, positions[:, -1]
-
-
-@torch.inference_mode()
-def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int,
-                   temperature: float = 0.0, generator: torch.Generator | None = None,
-                   max_batch: int | None = None) -> list[list[int]]:
-    """Prompt token ids → generated ids per prompt (each ends at its first stop id, included, or after
-    `max_new_tokens`). Rows are left-padded; positions count real tokens only, as in `generate`.
-
-    At most `max_batch` rows (default: all prompts) decode together; when a quarter of the slots have
-    emptied, the next waiting prompts are prefilled and join the running batch (continuous batching),
-    so the batch does not dwindle to its longest answer."""
-    body, num_layers = target.model.model, target.config.num_hidden_layers
-    max_batch = max_batch or len(prompts)
-    refill_at = max(1, max_batch // 4)
+    last = out.last_hidden_state[:, -1]
     results: list[list[int]] = [[] for _ in prompts]
-    waiting = list(range(len(prompts)))
-    live = torch.zeros(0, dtype=torch.long)   # original prompt index of each batch row
-    cache, last, attn, pos = None, None, None, None
-    while waiting or live.numel():
-        free = max_batch - live.numel()
-        if waiting and (free >= refill_at or not live.numel()):
-            new, waiting = waiting[:free], waiting[free:]
-            c, h, a, p = _prefill(body, [prompts[i] for i in new], pad_id, num_layers)
-            if live.numel():
-                width = max(attn.shape[1], a.shape[1])
-                cache = _merge_caches(cache, c)
-                attn = torch.cat([_left_pad(attn, width, 0), _left_pad(a, width, 0)])
-                last, pos = torch.cat([last, h]), torch.cat([pos, p])
-            else:
-                cache, last, attn, pos = c, h, a, p
-            live = torch.cat([live, torch.tensor(new, dtype=torch.long)])
+    live = torch.arange(b)                 # original row of each batch row
+    pos = positions[:, -1]
+    for _ in range(max_new_tokens):
         logits = target.logits(last)
         if temperature > 0:
             probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -130,8 +83,7 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
             if tok not in stop_ids and len(results[row]) < max_new_tokens:
                 keep.append(j)
         if not keep:
-            live = live[:0]
-            continue
+            break
         if len(keep) < live.shape[0]:
             k = torch.tensor(keep)
             cache.batch_select_indices(k)

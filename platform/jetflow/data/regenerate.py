@@ -140,15 +140,17 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     gen_tokens = 0
     # sampling is seeded per shard, so a resumed job regenerates a lost shard exactly
     generator = torch.Generator().manual_seed(int(hashlib.sha256(path.name.encode()).hexdigest()[:8], 16))
-    answers = generate_batch(target, [ids for _, ids in encoded], cfg.max_new_tokens, eos, pad,
-                             temperature=cfg.temperature, generator=generator, max_batch=cfg.batch_size)
-    for (pid, ids), generated in zip(encoded, answers):
-        resp, finish = cut_at_stop(generated, eos)
-        rows["prompt_id"].append(pid)
-        rows["prompt_ids"].append(ids)
-        rows["response_ids"].append(resp)
-        rows["finish_reason"].append(finish)
-        gen_tokens += len(resp)
+    for b in range(0, len(encoded), cfg.batch_size):
+        batch = encoded[b : b + cfg.batch_size]
+        answers = generate_batch(target, [ids for _, ids in batch], cfg.max_new_tokens, eos, pad,
+                                 temperature=cfg.temperature, generator=generator)
+        for (pid, ids), generated in zip(batch, answers):
+            resp, finish = cut_at_stop(generated, eos)
+            rows["prompt_id"].append(pid)
+            rows["prompt_ids"].append(ids)
+            rows["response_ids"].append(resp)
+            rows["finish_reason"].append(finish)
+            gen_tokens += len(resp)
     write_shard(rows, path)
     return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
 
