@@ -204,6 +204,30 @@ def test_regeneration_interrupted_and_rerun_equals_an_uninterrupted_run(smollm, 
 
 
 @pytest.mark.slow
+def test_regeneration_on_two_ray_workers_equals_one_process_and_resumes(smollm, tmp_path):
+    """Shards spread over two real Ray actors give the one-process result; a run stopped after one
+    shard and resumed on the actors neither loses nor duplicates a sequence."""
+    import ray
+
+    from jetflow.data.regenerate import RegenConfig, load_regenerated, regenerate
+
+    cfg = RegenConfig(num_prompts=6, max_new_tokens=12, batch_size=2, shard_size=2)
+    one = regenerate(cfg, out=tmp_path / "one", progress=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        two = dataclasses.replace(cfg, workers=2)
+        regenerate(two, out=tmp_path / "two", progress=False, max_shards=1)
+        assert len(list((tmp_path / "two").glob("shard-*.parquet"))) == 1
+        regenerate(two, out=tmp_path / "two", progress=False)
+    finally:
+        ray.shutdown()
+    a, b = json.loads((one / MANIFEST).read_text()), json.loads((tmp_path / "two" / MANIFEST).read_text())
+    assert a["content_sha256"] == b["content_sha256"] and b["sequences"] == 6 and b["shards"] == 3
+    assert load_regenerated(one)["prompt_id"] == load_regenerated(tmp_path / "two")["prompt_id"]
+    assert cfg.key(smollm.revision) == two.key(smollm.revision)  # worker count is not part of the data key
+
+
+@pytest.mark.slow
 def test_batched_regeneration_equals_hf_generate_and_each_prompt_alone(smollm):
     """Our loop (rows leave the batch when they stop, buffered KV) gives HF `generate`'s greedy tokens
     for a left-padded batch, and each row equals decoding its prompt on its own."""

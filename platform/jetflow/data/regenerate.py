@@ -155,6 +155,28 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
 
 
+class _ShardWorker:
+    """A Ray actor holding one target copy (loaded once, not once per shard); one CPU each."""
+
+    def __init__(self, cfg: RegenConfig):
+        from jetflow.target import TargetModel
+
+        self.cfg, self.target = cfg, TargetModel.load(cfg.model)
+
+    def run(self, items: list[PromptItem], path: Path) -> dict:
+        return regenerate_shard(self.cfg, items, path, target=self.target)
+
+
+def _on_ray_actors(cfg: RegenConfig, jobs: list[tuple[list[PromptItem], Path]]):
+    """Shards spread over `cfg.workers` Ray actors; yields each shard's counts as it finishes."""
+    import ray
+    from ray.util import ActorPool
+
+    actor = ray.remote(num_cpus=1)(_ShardWorker)
+    pool = ActorPool([actor.remote(cfg) for _ in range(min(cfg.workers, len(jobs)))])
+    yield from pool.map_unordered(lambda a, job: a.run.remote(*job), jobs)
+
+
 def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
                max_shards: int | None = None) -> Path:
     """Run (or resume) regeneration; returns the output folder holding shards + manifest.json.
@@ -174,17 +196,13 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
     complete = len(todo) <= (max_shards if max_shards is not None else len(todo))
     todo = todo[:max_shards] if max_shards is not None else todo
     t0 = time.perf_counter()
-    if todo and cfg.workers > 1:
-        import ray
-
-        remote = ray.remote(num_cpus=1)(regenerate_shard)
-        refs = [remote.remote(cfg, shards[i], _shard_path(out, i)) for i in todo]
-        ray.get(refs)
-    elif todo:
+    if todo:
         from tqdm import tqdm
 
-        for i in tqdm(todo, desc="regenerate", unit="shard", disable=not progress):
-            regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target)
+        done = (_on_ray_actors(cfg, [(shards[i], _shard_path(out, i)) for i in todo]) if cfg.workers > 1 else
+                (regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target) for i in todo))
+        for _ in tqdm(done, total=len(todo), desc="regenerate", unit="shard", disable=not progress):
+            pass
     seconds = time.perf_counter() - t0
     if not complete:
         return out  # no manifest until every shard exists
