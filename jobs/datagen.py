@@ -1,7 +1,7 @@
 """Regenerate training responses with the target (resumable), then build the shared feature cache.
 
     python jobs/datagen.py --preset demo            # the demo's data
-    python jobs/datagen.py --num-prompts 2000 --workers 4   # shards spread over 4 Ray tasks
+    python jobs/datagen.py --num-prompts 2000 --workers 4   # shards spread over 4 Ray actors
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Prompts are cut into fixed shards; each shard is answered in left-padded batches and written
 atomically as one Parquet file, so a killed job resumes where it stopped: finished shards are
-skipped, nothing is lost or duplicated. Shards can be spread over Ray tasks (N workers ≈ N× faster).
+skipped, nothing is lost or duplicated. Shards can be spread over Ray actors, one CPU and one target
+copy each (two measured 1.74× one; BENCHMARKS.md).
 A manifest records target id/revision, chat template, settings, counts and a content hash.
 """
 
@@ -42,7 +43,7 @@ class RegenConfig:
     temperature: float = 0.0          # 0 = greedy (the paper's default)
     batch_size: int = 16
     shard_size: int = 64
-    workers: int = 1                  # >1: shards spread over Ray tasks
+    workers: int = 1                  # >1: shards spread over this many Ray actors
     backend: str = "hf"               # "hf" (transformers generate) or "vllm" (needs the [vllm] extra)
 
     def __post_init__(self) -> None:
@@ -55,7 +56,7 @@ class RegenConfig:
             raise InvalidSettingError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm" and self.workers > 1:
             raise InvalidSettingError("backend 'vllm' batches every prompt of a shard itself on one GPU engine; "
-                                      "use workers=1 (Ray tasks would each start a vLLM engine)")
+                                      "use workers=1 (Ray actors would each start a vLLM engine)")
 
     def key(self, revision: str) -> str:
         """Content key of the output: what it depends on (not workers/batching). The HF backend keeps the

@@ -45,7 +45,7 @@ PRESETS: dict[str, Preset] = {
                                      epochs=4, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=3, eval_new_tokens=64),
-    # sized for < 2 hours on 2 CPU cores (BENCHMARKS.md "long preset"): ~4x the demo's data; the demo's
+    # 85 min on 2 CPU cores (BENCHMARKS.md "The `long` preset, run once"): 4.8x the demo's data; the demo's
     # 1-layer head (the calibration found 2 layers no better at this data size and 1.6x slower per step)
     "long": Preset(RegenConfig(num_prompts=2000, max_new_tokens=192, batch_size=32, shard_size=64),
                    features_max_len=512,
