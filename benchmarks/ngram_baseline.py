@@ -54,7 +54,7 @@ def head_agreement(head: str, features: Path, model: str) -> dict[str, dict[str,
     head = load_head(head_dir)
     target = TargetModel.load(model)
     data = FeatureCache(features)
-    cfg = TrainConfig(**json.loads((Path(head_dir) / "train_config.json").read_text()))
+    cfg = TrainConfig(**json.loads((head_dir / "train_config.json").read_text()))
     train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
     out = {}
     for name, idx in (("held_out", eval_idx), ("training", train_idx[: len(eval_idx)])):
@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--features", type=Path, help="the feature cache the head was trained on")
     args = p.parse_args()
 
-    from jetflow.data.regenerate import load_regenerated
+    from jetflow.data.regenerate import MANIFEST, load_regenerated
 
     data = load_regenerated(args.data)
     sequences = [prompt[-1:] + response for prompt, response in zip(data["prompt_ids"], data["response_ids"])]
@@ -82,7 +82,7 @@ def main() -> None:
     if args.head:
         if not args.features:
             raise SystemExit("--head needs --features (the cache it was trained on)")
-        model = json.loads((args.data / "manifest.json").read_text())["settings"]["model"]
+        model = json.loads((args.data / MANIFEST).read_text())["settings"]["model"]
         print(json.dumps(head_agreement(args.head, args.features, model)))
 
 
