@@ -26,6 +26,7 @@ from jetflow.errors import InvalidSettingError
 
 PACKAGED_SPLITS = [
     ("sharegpt", "train"),
+    ("sharegpt-code", "train"),
     ("mtbench", "eval"),
     ("humaneval", "eval"),
     ("gsm", "train"),
@@ -97,6 +98,17 @@ def test_sharegpt_train_has_over_10k_first_human_turns_from_the_truncated_file()
     assert 10_000 < len(items) < 17_700  # ~17.6k conversations in the truncated file, less repeats
     assert items[0].id == "sharegpt/QWJhYvA_0"
     assert items[0].prompt.startswith("Summarize the main ideas of Jeff Walker's Product Launch Formula")
+
+
+def test_sharegpt_code_is_the_code_asking_part_of_sharegpt_in_its_order():
+    code = load_prompts("sharegpt-code", "train")
+    everything = load_prompts("sharegpt", "train")
+    assert 2_000 < len(code) < len(everything) // 3
+    by_id = {i.id: i.prompt for i in everything}
+    assert all(by_id[i.id] == i.prompt and prompts.CODE_PATTERN.search(i.prompt) for i in code)
+    assert [i.id for i in everything if prompts.CODE_PATTERN.search(i.prompt)] == [i.id for i in code]
+    assert {i.source for i in code} == {"sharegpt-code"}
+    assert not prompts.CODE_PATTERN.search(everything[0].prompt)  # a marketing question is not code
 
 
 def test_gsm_splits_have_their_fixed_sizes_and_use_disjoint_templates():

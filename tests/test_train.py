@@ -187,6 +187,21 @@ def test_unknown_training_options_are_rejected():
         TrainConfig(loss="mse")
 
 
+def test_regeneration_prompts_interleave_the_sets_and_take_each_text_once():
+    from jetflow.data.prompts import load_prompts, normalize_text
+    from jetflow.data.regenerate import RegenConfig, select_prompts
+
+    mix = select_prompts(RegenConfig(num_prompts=400, prompt_sets=["sharegpt", "gsm"]))
+    assert [i.source for i in mix[:4]] == ["sharegpt", "gsm", "sharegpt", "gsm"]
+    # sharegpt-code is part of sharegpt: the code prompt sharegpt already gave is not taken twice
+    both = select_prompts(RegenConfig(num_prompts=400, prompt_sets=["sharegpt", "sharegpt-code"]))
+    texts = [normalize_text(i.text) for i in both]
+    assert len(both) == 400 and len(set(texts)) == 400
+    assert sum(i.source == "sharegpt-code" for i in both) > 150 and sum(i.source == "sharegpt" for i in both) > 150
+    code = load_prompts("sharegpt-code", "train")
+    assert len({i.id for i in code[:200]} & {i.id for i in load_prompts("sharegpt", "train")[:200]}) > 0  # overlap exists
+
+
 @pytest.mark.slow
 def test_regeneration_interrupted_and_rerun_equals_an_uninterrupted_run(smollm, tmp_path):
     from jetflow.data.regenerate import RegenConfig, load_regenerated, regenerate

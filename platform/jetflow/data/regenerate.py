@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jetflow.data.prompts import PromptItem, load_prompts
+from jetflow.data.prompts import PromptItem, load_prompts, normalize_text
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import jetflow_home
 
@@ -68,12 +68,18 @@ class RegenConfig:
 
 
 def select_prompts(cfg: RegenConfig) -> list[PromptItem]:
-    """Round-robin over the training splits of cfg.prompt_sets, first num_prompts items. Deterministic."""
+    """Round-robin over the training splits of cfg.prompt_sets, first num_prompts items, each text once
+    (sets may overlap, e.g. ``sharegpt-code`` is part of ``sharegpt``). Deterministic."""
     pools = [load_prompts(name, split="train") for name in cfg.prompt_sets]
     out: list[PromptItem] = []
+    seen: set[str] = set()
     i = 0
     while len(out) < cfg.num_prompts and any(i < len(p) for p in pools):
-        out.extend(p[i] for p in pools if i < len(p))
+        for item in (p[i] for p in pools if i < len(p)):
+            key = normalize_text(item.text)
+            if key not in seen:
+                seen.add(key)
+                out.append(item)
         i += 1
     return out[: cfg.num_prompts]
 
