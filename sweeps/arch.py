@@ -8,7 +8,7 @@ held-out prompts, registered, and the best aliased `challenger` (jobs/promote.py
     ray job submit --working-dir . -- python sweeps/arch.py --use-gpu true --workers-per-trial 2
 
 Searchable (NAME=v1,v2,...): num_layers, block_size, num_taps, causal, loss, gamma, lr, max_sequences,
-draft_vocab, anchor_shortcut. An interrupted sweep resumes when rerun with the same --name.
+draft_vocab, anchor_shortcut, depth_embedding. An interrupted sweep resumes when rerun with the same --name.
 """
 
 from __future__ import annotations

@@ -76,13 +76,16 @@ def test_training_mask_sees_context_before_the_anchor_and_only_its_own_block(cau
             assert bool(m[q, 10 + k]) == (b2 == b and (i2 <= i or not causal))
 
 
-@pytest.mark.parametrize("causal,shortcut,vocab", [(True, False, 0), (True, True, 0), (False, False, 0),
-                                                   (False, True, 0), (True, False, 64)])
+@pytest.mark.parametrize("causal,shortcut,vocab,depth", [(True, False, 0, False), (True, True, 0, False),
+                                                         (False, False, 0, False), (False, True, 0, False),
+                                                         (True, False, 64, False), (True, True, 0, True),
+                                                         (False, False, 0, True)])
 def test_block_logits_in_the_batched_training_forward_equal_the_inference_forward(tiny, features, causal, shortcut,
-                                                                                 vocab):
+                                                                                 vocab, depth):
     """The bug class behind 'great validation numbers, nothing accepted': train and infer must agree."""
     data = FeatureCache(features)
-    cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, zero_init=False)
+    cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, depth_embedding=depth,
+                      zero_init=False)
     head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"])
     if vocab:  # a draft vocabulary (the tiny target has no tokenizer to count a corpus with)
         sub = DraftHead(dataclasses.replace(head.config, draft_vocab_size=vocab))

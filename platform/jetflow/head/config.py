@@ -26,6 +26,7 @@ class HeadConfig:
     causal: bool = True                  # False = the DFlash bidirectional baseline
     tap_norm: bool = False               # RMSNorm each tapped layer before fc (activation outliers)
     anchor_shortcut: bool = False        # add the context feature of position T-1 to every block input
+    depth_embedding: bool = False        # add a learned vector per block offset to the block inputs
     draft_vocab_size: int = 0            # > 0: draft only over this many target ids (stored as `draft_vocab`)
     num_target_layers: int = 0
     target_model_id: str = ""
@@ -118,6 +119,7 @@ class HeadConfig:
             "jetflow": {
                 "tap_norm": self.tap_norm,
                 "anchor_shortcut": self.anchor_shortcut,
+                "depth_embedding": self.depth_embedding,
                 "draft_vocab_size": self.draft_vocab_size,
                 "target_model_id": self.target_model_id,
                 "target_revision": self.target_revision,
@@ -149,6 +151,7 @@ class HeadConfig:
             causal=bool(causal),
             tap_norm=bool(jf.get("tap_norm", False)),
             anchor_shortcut=bool(jf.get("anchor_shortcut", False)),
+            depth_embedding=bool(jf.get("depth_embedding", False)),
             draft_vocab_size=int(jf.get("draft_vocab_size", 0)),
             num_target_layers=d.get("num_target_layers", 0),
             target_model_id=jf.get("target_model_id", ""),

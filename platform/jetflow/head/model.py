@@ -109,6 +109,11 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        if cfg.depth_embedding:
+            # one vector per block offset: the MASK inputs of a block are otherwise identical and told
+            # apart only by RoPE, so every depth shares one input. Random (not zero) init, std 0.5 — the
+            # scale of the unit-RMS context features — separates the depths from the first step.
+            self.depth_embed = nn.Parameter(torch.randn(cfg.block_size, cfg.hidden_size) * 0.5)
         if cfg.draft_vocab_size:
             # target ids the head drafts over, ascending; set by `set_draft_vocab`, saved with the weights
             self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size), persistent=True)
@@ -149,11 +154,13 @@ class DraftHead(nn.Module):
 
         Queries are whole blocks of `block_size`, laid out one after another. With `anchor_shortcut`,
         each query's input gains the context feature at its anchor position minus one — the newest
-        feature that query may see."""
+        feature that query may see; with `depth_embedding`, the learned vector of its block offset."""
         if mask is None:
             mask = self.block_mask(context.shape[1], block.shape[1], block.device)
+        offset = torch.arange(block.shape[1], device=block.device) % self.config.block_size
+        if self.config.depth_embedding:
+            block = block + self.depth_embed[offset].to(block.dtype)
         if self.config.anchor_shortcut and context.shape[1] > 0:
-            offset = torch.arange(block.shape[1], device=block.device) % self.config.block_size
             row = block_positions - offset - 1  # anchor position - 1
             valid = (row >= 0) & (row < context.shape[1])
             gathered = context.gather(1, row.clamp(0, context.shape[1] - 1)[..., None].expand(-1, -1, context.shape[-1]))

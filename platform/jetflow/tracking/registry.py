@@ -73,7 +73,7 @@ def arch_summary(head_dir: str | Path) -> str:
              f"{cfg.get('num_hidden_layers')}L", f"h{cfg.get('hidden_size')}",
              f"block{dc.get('block_size', cfg.get('block_size'))}",
              "taps[" + ",".join(map(str, dc.get("target_layer_ids", []))) + "]"]
-    parts += [flag for flag in ("tap_norm", "anchor_shortcut") if jf.get(flag)]
+    parts += [flag for flag in ("tap_norm", "anchor_shortcut", "depth_embedding") if jf.get(flag)]
     parts.append(f"{_parameter_count(head_dir / 'model.safetensors') / 1e6:.1f}M params")
     return " ".join(parts)
 

@@ -31,7 +31,8 @@ def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
     torch.manual_seed(cfg.seed)
     hc = HeadConfig.for_target(target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size,
                                causal=cfg.causal, target_layer_ids=list(layer_ids), tap_norm=cfg.tap_norm,
-                               anchor_shortcut=cfg.anchor_shortcut, draft_vocab_size=cfg.draft_vocab)
+                               anchor_shortcut=cfg.anchor_shortcut, depth_embedding=cfg.depth_embedding,
+                               draft_vocab_size=cfg.draft_vocab)
     head = DraftHead(hc)
     if cfg.draft_vocab:
         from jetflow.data.vocab import build_draft_vocab

@@ -98,6 +98,12 @@ def check_exportable(cfg: HeadConfig, lm_head_weight: torch.Tensor | None = None
             "head option anchor_shortcut=True (the context feature of position T-1 added to every block "
             "input) has no counterpart in vLLM's DFlash model, whose block input is token embeddings only. "
             "Serve this head with JetFlow's decoder, or train one with anchor_shortcut=False for vLLM")
+    if cfg.depth_embedding:
+        raise ExportUnsupportedError(
+            "head option depth_embedding=True (a learned vector per block offset added to the block inputs, "
+            "weight depth_embed) has no counterpart in vLLM's DFlash model, whose block input is token "
+            "embeddings only. Serve this head with JetFlow's decoder, or train one with depth_embedding=False "
+            "for vLLM")
     if cfg.num_target_layers and any(i >= cfg.num_target_layers - 1 for i in cfg.target_layer_ids):
         # vLLM's aux state for tap L is the residual stream after layer L (llama.py _maybe_add_hidden_state);
         # for the last layer HF's hidden_states[-1], which the head was trained on, is final-normed instead.
