@@ -20,8 +20,8 @@ Split rules (fixed; change them only with a new set name, since heads are compar
   human turn is empty, or that have none, are skipped. Training only.
 - ``sharegpt-code``: the ``sharegpt`` prompts that ask about code (``CODE_PATTERN``: a code fence,
   a ``def``/``class`` line, or a programming word such as "python", "function", "code", "SQL";
-  ~2.7k prompts). A subset of ``sharegpt``, for a training mix with more code than ShareGPT's
-  ~17 %; regeneration drops a prompt that an earlier set of its mix already gave.
+  ~3.5k prompts, 22 % of ``sharegpt``). A subset of ``sharegpt``, for training mixes with more code;
+  regeneration drops a prompt that an earlier set of its mix already gave.
 - ``mtbench``: prompt = the first of the two turns. Evaluation only.
 - ``humaneval``: prompt = ``HUMANEVAL_TEMPLATE`` around the code prompt. Evaluation only.
 - ``gsm``: reasoning-gym's 85 usable gsm_symbolic templates, split *by template*: every
@@ -48,8 +48,8 @@ import gzip
 import importlib.metadata
 import importlib.util
 import json
-import re
 import logging
+import re
 import sys
 import threading
 import unicodedata
