@@ -275,7 +275,8 @@ def test_batched_regeneration_equals_hf_generate_and_each_prompt_alone(smollm):
 
 
 def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp_path):
-    """A real Ray Train TorchTrainer (one CPU worker) loads the target by path and trains on the cache."""
+    """A real Ray Train TorchTrainer (one CPU worker) loads the target by path and trains on the cache,
+    with the threads of all the (local, 2-CPU) cluster's cores, not Ray Train's default single CPU."""
     import ray
 
     from jetflow.head import load_head
@@ -296,6 +297,7 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
     finally:
         ray.shutdown()
     assert metrics["step"] == 3 and "eval/chain_tau" in metrics
+    assert metrics["train/threads"] == online["train/threads"] == 2
     assert online["eval/chain_tau"] == metrics["eval/chain_tau"]
     head = load_head(tmp_path / "head")
     assert head.config.block_size == 6 and head.config.target_layer_ids == [1, 2, 3]

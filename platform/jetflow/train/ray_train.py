@@ -1,5 +1,6 @@
-"""Head training as a Ray Train `TorchTrainer`: one CPU worker locally, N GPU workers on a cluster.
-Each worker loads the frozen target and the shared feature cache; rank 0 checkpoints and saves."""
+"""Head training as a Ray Train `TorchTrainer`: one worker using every local core on a laptop, N GPU
+workers on a cluster. Each worker loads the frozen target and the shared feature cache; rank 0
+checkpoints and saves."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
     go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
     `evals_only` so that only reports with held-out metrics are made). `features` is a feature-cache
-    folder, or an `OnlineFeatures` (its regenerated data and spec travel to the workers instead)."""
+    folder, or an `OnlineFeatures` (its regenerated data and spec travel to the workers instead).
+    Without `cpus_per_worker` (and without GPUs) each worker gets `default_cpus_per_worker`."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -57,6 +59,8 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
+    if cpus_per_worker is None and not use_gpu:
+        cpus_per_worker = default_cpus_per_worker(num_workers)
     trainer = TorchTrainer(
         _loop,
         train_loop_config={"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
@@ -68,6 +72,18 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     )
     result = trainer.fit()
     return dict(result.metrics or {})
+
+
+def default_cpus_per_worker(num_workers: int) -> float:
+    """An equal share of the Ray cluster's CPUs, at most the largest node's (a worker cannot span
+    nodes), at least 1. Ray sizes a worker's thread pools (OMP_NUM_THREADS, hence torch's threads) by
+    its CPUs: with Ray Train's default of one CPU, the one worker of a laptop run used 1 of its cores."""
+    import ray
+
+    nodes = [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    if not nodes:
+        return 1.0
+    return float(max(1, min(int(max(nodes)), int(sum(nodes)) // max(1, num_workers))))
 
 
 def _features_config(features) -> dict:

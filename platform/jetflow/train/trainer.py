@@ -182,7 +182,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
     seconds = time.perf_counter() - t0
     result = evaluate(head, target, data, eval_idx, cfg)
     metrics.update(result.as_metrics())
-    metrics.update({"train/seconds": seconds, "train/steps": step,
+    metrics.update({"train/seconds": seconds, "train/steps": step, "train/threads": torch.get_num_threads(),
                     "train/draft_tokens_per_s": tokens_seen / seconds if seconds else 0.0})
     if log:
         log(metrics, step)
