@@ -28,7 +28,8 @@ class Preset:
     eval_new_tokens: int = 64
 
 
-# The held-out goals are MT-Bench (chat) and HumanEval (code): a third of the prompts ask about code.
+# The held-out goals are MT-Bench (chat) and HumanEval (code): a third of the prompts come from the
+# code-asking part of ShareGPT (BENCHMARKS.md "The `demo` preset with per-depth inputs").
 TRAIN_MIX = ("sharegpt", "sharegpt-code", "gsm")
 
 PRESETS: dict[str, Preset] = {
