@@ -26,16 +26,12 @@ from jetflow.train.config import TrainConfig
 
 def monitor(head_dir: Path, data, target, cfg: TrainConfig) -> dict[str, dict[str, float]]:
     from jetflow.head import load_head
-    from jetflow.train.trainer import evaluate, split_indices
+    from jetflow.train.trainer import held_out_and_training
 
-    head = load_head(head_dir)
-    train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
     keep = ("chain_tau", "tree_tau", "agree_d1", "agree_d2", "agree_d3")
-    out = {}
-    for name, idx in (("held_out", eval_idx), ("training", train_idx[: len(eval_idx)])):
-        m = evaluate(head, target, data, idx, cfg).as_metrics()
-        out[name] = {k.removeprefix("eval/"): round(v, 3) for k, v in m.items() if k.removeprefix("eval/") in keep}
-    return out
+    return {name: {k.removeprefix("eval/"): round(v, 3) for k, v in result.as_metrics().items()
+                   if k.removeprefix("eval/") in keep}
+            for name, result in held_out_and_training(load_head(head_dir), target, data, cfg).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,20 +48,16 @@ def head_agreement(head: str, features: Path, model: str) -> dict[str, dict[str,
     from jetflow.head.io import resolve_head_path
     from jetflow.target import TargetModel
     from jetflow.train.config import TrainConfig
-    from jetflow.train.trainer import evaluate, split_indices
+    from jetflow.train.trainer import held_out_and_training
 
     head_dir = resolve_head_path(head)
     head = load_head(head_dir)
     target = TargetModel.load(model)
     data = FeatureCache(features)
     cfg = TrainConfig(**json.loads((head_dir / "train_config.json").read_text()))
-    train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
-    out = {}
-    for name, idx in (("held_out", eval_idx), ("training", train_idx[: len(eval_idx)])):
-        m = evaluate(head, target, data, idx, cfg).as_metrics()
-        out[name] = {k.removeprefix("eval/"): round(v, 3) for k, v in m.items()
-                     if k in ("eval/agree_d1", "eval/agree_d2", "eval/tree_tau")}
-    return out
+    return {name: {k.removeprefix("eval/"): round(v, 3) for k, v in result.as_metrics().items()
+                   if k in ("eval/agree_d1", "eval/agree_d2", "eval/tree_tau")}
+            for name, result in held_out_and_training(head, target, data, cfg).items()}
 
 
 def main() -> None:

@@ -98,6 +98,14 @@ def evaluate(head: DraftHead, target, data: FeatureCache, indices: list[int], cf
     return summarize(torch.cat(all_logits), torch.cat(all_labels), cfg.eval_width, cfg.eval_budget)
 
 
+def held_out_and_training(head: DraftHead, target, data: FeatureCache, cfg: TrainConfig) -> dict[str, HeadEval]:
+    """The monitor on the run's held-out split and on as many of its training sequences: the gap tells an
+    over-fitting head from an under-trained one."""
+    train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
+    return {"held_out": evaluate(head, target, data, eval_idx, cfg),
+            "training": evaluate(head, target, data, train_idx[: len(eval_idx)], cfg)}
+
+
 def split_indices(n: int, eval_sequences: int, seed: int) -> tuple[list[int], list[int]]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     k = min(eval_sequences, max(1, n // 10))
