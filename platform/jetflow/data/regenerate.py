@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jetflow.data.prompts import PromptItem, load_prompts, normalize_text
+from jetflow.data.prompts import PromptItem, load_prompts, normalize_text, prompt_set_version
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import jetflow_home
 
@@ -63,7 +63,11 @@ class RegenConfig:
         key it always had; another backend's (numerically different) output gets a folder of its own."""
         drop = ("workers", "batch_size") + (("backend",) if self.backend == "hf" else ())
         settings = {k: v for k, v in asdict(self).items() if k not in drop}
-        blob = json.dumps({"settings": settings, "revision": revision}, sort_keys=True)
+        content = {"settings": settings, "revision": revision}
+        versions = {name: v for name in self.prompt_sets if (v := prompt_set_version(name)) is not None}
+        if versions:  # a set whose content no package pin fixes (e.g. pycode: the Python version)
+            content["prompt_set_versions"] = versions
+        blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -240,6 +244,9 @@ def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds
         "content_sha256": digest.hexdigest(),
         "seconds": seconds if seconds is not None else old.get("seconds"),
     }
+    versions = {name: v for name in cfg.prompt_sets if (v := prompt_set_version(name)) is not None}
+    if versions:
+        manifest["prompt_set_versions"] = versions
     if seconds:
         manifest["response_tokens_per_s"] = tokens / seconds
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
