@@ -8,6 +8,7 @@ from jetflow.data.prompts import (
     load_prompts,
     prompt_set_names,
     register_prompt_set,
+    spread_prompts,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "load_prompts",
     "prompt_set_names",
     "register_prompt_set",
+    "spread_prompts",
 ]

@@ -248,7 +248,7 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
     ({key: {"d,r": fraction of rounds}}), `heads` (every head's entry) and `created_at`."""
     from tqdm.auto import tqdm
 
-    from jetflow.data import load_prompts
+    from jetflow.data import spread_prompts
 
     cfg = cfg or EvalConfig()
     heads = list(heads)
@@ -259,7 +259,7 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
     if len(set(labels)) < len(labels):
         raise InvalidSettingError(f"prompt sets {cfg.sets} share a name ({labels}); rename the JSONL files")
     prompts = {dataset_label(name): [encode_prompt(target.tokenizer, it.chat)
-                                     for it in load_prompts(name, split="eval", limit=cfg.prompts_per_set)]
+                                     for it in spread_prompts(name, cfg.prompts_per_set)]
                for name in cfg.sets}
     empty = [name for name, label in zip(cfg.sets, labels) if not prompts[label]]
     if empty:
