@@ -30,7 +30,7 @@ class Preset:
 
 # The held-out goals are MT-Bench (chat) and HumanEval (code): a third of the prompts come from the
 # code-asking part of ShareGPT (BENCHMARKS.md "The `demo` preset with per-depth inputs").
-TRAIN_MIX = ("sharegpt", "sharegpt-code", "gsm")
+TRAIN_MIX = ("sharegpt", "sharegpt-code", "gsm", "pycode")
 
 PRESETS: dict[str, Preset] = {
     # seconds: for tests and CI
@@ -53,7 +53,7 @@ PRESETS: dict[str, Preset] = {
                                      depth_embedding=True, gamma=1.5,
                                      epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=16, checkpoint_every=50),
-                   eval_prompts=3, eval_new_tokens=64),
+                   eval_prompts=6, eval_new_tokens=64),
     # 85 min on 2 CPU cores (BENCHMARKS.md "The `long` preset, run once"): 4.8x the demo's data; the demo's
     # 1-layer head (the calibration found 2 layers no better at this data size and 1.6x slower per step),
     # with its per-depth input and γ 1.5 since session 5 (retrained on the same data: "long2" there)
