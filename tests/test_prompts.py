@@ -20,7 +20,9 @@ from jetflow.data.prompts import (
     load_prompts,
     normalize_text,
     prompt_set_names,
+    prompt_set_version,
     register_prompt_set,
+    spread_prompts,
 )
 from jetflow.errors import InvalidSettingError
 
@@ -31,6 +33,7 @@ PACKAGED_SPLITS = [
     ("humaneval", "eval"),
     ("gsm", "train"),
     ("gsm", "eval"),
+    ("pycode", "train"),
 ]
 
 
@@ -71,8 +74,8 @@ def _write(tmp_path, name: str, lines: list[str]):
 # --- the packaged sets -----------------------------------------------------------------------
 
 
-def test_registry_names_the_four_packaged_sets():
-    assert {"sharegpt", "mtbench", "humaneval", "gsm"} <= set(prompt_set_names())
+def test_registry_names_the_packaged_sets():
+    assert {"sharegpt", "sharegpt-code", "mtbench", "humaneval", "gsm", "pycode"} <= set(prompt_set_names())
 
 
 def test_mtbench_eval_is_the_80_first_turns_in_question_order():
@@ -109,6 +112,65 @@ def test_sharegpt_code_is_the_code_asking_part_of_sharegpt_in_its_order():
     assert [i.id for i in everything if prompts.CODE_PATTERN.search(i.prompt)] == [i.id for i in code]
     assert {i.source for i in code} == {"sharegpt-code"}
     assert not prompts.CODE_PATTERN.search(everything[0].prompt)  # a marketing question is not code
+
+
+def test_pycode_is_documented_stdlib_functions_to_complete_in_the_humaneval_instruction():
+    import ast
+    import platform
+
+    items = load_prompts("pycode", "train")
+    assert len(items) > 500
+    head, tail = HUMANEVAL_TEMPLATE.split("{prompt}")
+    entry_points = {p["entry_point"] for p in prompts._humaneval_problems()}
+    for item in items:
+        assert item.prompt.startswith(head) and item.prompt.endswith(tail) and item.source == "pycode"
+        code = item.prompt[len(head): -len(tail)]
+        fn = ast.parse(code).body[0]  # the def line(s) and the docstring parse on their own: no body
+        assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(fn.body) == 1
+        assert len(ast.get_docstring(fn)) >= prompts.PYCODE_MIN_DOC_CHARS
+        assert fn.name not in entry_points and not fn.name.startswith("_")
+        assert item.id == f"pycode/{item.id.split('/', 1)[1]}" and item.id.endswith("." + fn.name)
+    # shuffled: the first items do not come from one module
+    assert len({i.id.rsplit(".", 1)[0] for i in items[:20]}) > 10
+    assert prompt_set_version("pycode") == f"python-{platform.python_version()}"
+    assert prompt_set_version("sharegpt") is None  # fixed by its package pin
+
+
+def test_a_set_version_enters_the_regeneration_key_and_manifest_only_for_sets_that_declare_one(
+        register_fake_set):
+    from jetflow.data.regenerate import RegenConfig
+
+    plain = RegenConfig(prompt_sets=["sharegpt", "gsm"])
+    versioned = RegenConfig(prompt_sets=["sharegpt", "gsm", "pycode"])
+    assert plain.key("r1") != versioned.key("r1")
+    version = {"v": "1"}
+
+    @register_prompt_set("fake_versioned", splits=["train"], version=lambda: version["v"])
+    def read(split):
+        """A fake versioned set."""
+        return [PromptItem(id="fake_versioned/0", prompt="hello there", messages=None, source="x")]
+
+    try:
+        cfg = RegenConfig(prompt_sets=["fake_versioned"])
+        first = cfg.key("r1")
+        version["v"] = "2"  # e.g. another Python version: other content, another folder
+        assert cfg.key("r1") != first
+    finally:
+        PROMPT_SETS.pop("fake_versioned", None)
+        prompts._clear_screening()
+
+
+def test_spread_prompts_cover_every_mtbench_category():
+    # MT-Bench keeps its 8 categories in blocks of 10 questions: 8 spread prompts are one per category
+    spread = spread_prompts("mtbench", 8)
+    assert [i.id for i in spread] == [f"mtbench/{n}" for n in range(81, 161, 10)]
+    category = {f"mtbench/{q['question_id']}": q["category"] for q in prompts._mtbench_questions()}
+    assert len({category[i.id] for i in spread}) == 8
+    assert spread_prompts("mtbench", 1) == load_prompts("mtbench", limit=1)
+    assert spread_prompts("humaneval", 500) == load_prompts("humaneval")
+    assert len(spread_prompts("humaneval", 6)) == 6
+    with pytest.raises(InvalidSettingError, match="n must be"):
+        spread_prompts("mtbench", 0)
 
 
 def test_gsm_splits_have_their_fixed_sizes_and_use_disjoint_templates():
