@@ -25,18 +25,24 @@ class HeadEval:
         return out
 
 
-def tree_tau_for_blocks(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int,
-                        algorithm: str = "accum_logp") -> float:
-    """logits (N, D, V), labels (N, D) → mean committed tokens per round of the tree walk."""
+def tree_accepted_for_blocks(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int,
+                             algorithm: str = "accum_logp") -> list[int]:
+    """logits (N, D, V), labels (N, D) → drafted tokens the tree walk accepts, per block (bonus excluded)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     top = logp.topk(width, dim=-1)
-    total = 0
+    accepted = []
     for b in range(logits.shape[0]):
         tree = build_tree(algorithm, -1, top.values[b].tolist(), top.indices[b].tolist(), budget)
         row = labels[b].tolist()
-        acc = walk(tree, lambda node: row[tree.depths[node]] if tree.depths[node] < len(row) else -1)
-        total += acc.accepted + 1
-    return total / max(1, logits.shape[0])
+        accepted.append(walk(tree, lambda node: row[tree.depths[node]] if tree.depths[node] < len(row) else -1).accepted)
+    return accepted
+
+
+def tree_tau_for_blocks(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int,
+                        algorithm: str = "accum_logp") -> float:
+    """logits (N, D, V), labels (N, D) → mean committed tokens per round of the tree walk."""
+    accepted = tree_accepted_for_blocks(logits, labels, width, budget, algorithm)
+    return (sum(accepted) + len(accepted)) / max(1, len(accepted))
 
 
 def summarize(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int) -> HeadEval:
