@@ -15,7 +15,7 @@ import torch
 from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
-from jetflow.head import DraftHead
+from jetflow.head import DraftHead, load_head
 from jetflow.train.blocks import sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
 from jetflow.train.losses import chain_tau_from_hits, draft_loss
@@ -143,9 +143,10 @@ def test_training_reduces_the_loss_and_reports_simulated_tau(tiny, features, tmp
     assert (tmp_path / "head" / "config.json").exists() and (tmp_path / "head" / "model.safetensors").exists()
 
 
-def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, features, tmp_path):
+@pytest.mark.parametrize("feature_noise", [0.0, 0.3])
+def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, features, tmp_path, feature_noise):
     cfg = TrainConfig(name="r", num_layers=1, block_size=6, max_steps=8, anchors_per_seq=4, seqs_per_step=2,
-                      lr=1e-3, eval_sequences=2, checkpoint_every=2)
+                      lr=1e-3, eval_sequences=2, checkpoint_every=2, feature_noise=feature_noise)
     data = FeatureCache(features)
     train(cfg, tiny, data, tmp_path / "full", progress=False)
     assert train(cfg, tiny, data, tmp_path / "resumed", progress=False, stop_after=5) == {"stopped_at": 5}
@@ -157,6 +158,26 @@ def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, feat
     assert full.keys() == resumed.keys()
     for k in full:
         torch.testing.assert_close(full[k], resumed[k], atol=0, rtol=0)
+
+
+def test_feature_noise_perturbs_only_training_forwards(tiny, features, tmp_path):
+    from jetflow.errors import InvalidSettingError
+
+    data = FeatureCache(features)
+    base = dict(name="n", num_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2, lr=1e-3,
+                eval_sequences=2, checkpoint_every=10)
+    quiet = train(TrainConfig(**base), tiny, data, tmp_path / "quiet", progress=False)
+    noisy = train(TrainConfig(**base, feature_noise=0.5), tiny, data, tmp_path / "noisy", progress=False)
+    assert quiet["train/loss"] != noisy["train/loss"]
+    head = load_head(tmp_path / "noisy")
+    feats = data[0]["features"].float()
+    plain = head.project_context(feats)
+    assert torch.equal(head.project_context(feats, noise=0.0), plain)  # inference never adds noise
+    a = head.project_context(feats, noise=0.5, generator=torch.Generator().manual_seed(1))
+    b = head.project_context(feats, noise=0.5, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and not torch.equal(a, plain)
+    with pytest.raises(InvalidSettingError, match="feature_noise"):
+        TrainConfig(feature_noise=-0.1)
 
 
 def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features, tmp_path):
@@ -280,7 +301,6 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
     with the threads of all the (local, 2-CPU) cluster's cores, not Ray Train's default single CPU."""
     import ray
 
-    from jetflow.head import load_head
     from jetflow.train.ray_train import train_on_ray
 
     model_dir = tmp_path / "tiny-qwen3"

@@ -125,12 +125,17 @@ class DraftHead(nn.Module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
 
-    def project_context(self, features: torch.Tensor) -> torch.Tensor:
-        """(..., k*H) concatenated target taps → (..., H) context features every layer reads."""
+    def project_context(self, features: torch.Tensor, noise: float = 0.0,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
+        """(..., k*H) concatenated target taps → (..., H) context features every layer reads.
+        `noise` > 0 (training only) adds Gaussian noise of that std to the normalized taps."""
         features = features.to(self.fc.weight.dtype)
         if self.tap_norms is not None:
             taps = features.split(self.config.hidden_size, dim=-1)
             features = torch.cat([norm(t) for norm, t in zip(self.tap_norms, taps)], dim=-1)
+        if noise > 0:
+            features = features + noise * torch.randn(features.shape, generator=generator, dtype=features.dtype,
+                                                      device=features.device)
         return self.hidden_norm(self.fc(features))
 
     def block_mask(self, ctx_len: int, block_len: int, device=None) -> torch.Tensor:

@@ -29,6 +29,7 @@ class TrainConfig:
     gamma: float = 0.0
     lr: float = 3e-4
     weight_decay: float = 0.0
+    feature_noise: float = 0.0       # > 0: std of Gaussian noise on the normalized taps, training forwards only
     warmup_frac: float = 0.05
     epochs: float = 2.0
     max_steps: int = 0               # > 0 caps the run
@@ -60,6 +61,8 @@ class TrainConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab < 0:
             raise InvalidSettingError(f"draft_vocab must be >= 0 (0 = the target's full vocabulary), got {self.draft_vocab}")
+        if self.feature_noise < 0:
+            raise InvalidSettingError(f"feature_noise must be >= 0, got {self.feature_noise}")
         if self.lr <= 0 or self.gamma < 0 or self.epochs <= 0:
             raise InvalidSettingError("lr and epochs must be > 0 and gamma >= 0")
 

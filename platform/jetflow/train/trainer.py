@@ -56,13 +56,15 @@ def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
     return head
 
 
-def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor):
+def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor, feature_noise: float = 0.0,
+                  generator: torch.Generator | None = None):
     """One sequence, all its blocks in one forward → draft logits (N, D, V') over the head's output
-    vocabulary and labels (N, D) as indices into it (-1: outside a draft vocabulary)."""
+    vocabulary and labels (N, D) as indices into it (-1: outside a draft vocabulary). `feature_noise`:
+    see TrainConfig (training steps only), drawn from `generator`."""
     cfg = head.config
     tokens = seq["tokens"]
     s = tokens.shape[0]
-    ctx = head.project_context(seq["features"].float())[None]
+    ctx = head.project_context(seq["features"].float(), noise=feature_noise, generator=generator)[None]
     ids, pos = block_inputs(tokens, anchors, cfg.block_size, cfg.mask_token_id)
     with torch.no_grad():
         block = target.embed(ids)[None]
@@ -156,7 +158,10 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
             anchors = _anchors(cfg, seq, step * cfg.seqs_per_step + j, cfg.block_size)
             if anchors.numel() == 0:
                 continue
-            logits, labels = block_forward(head, target, seq, anchors)
+            # the noise is seeded like the anchors, so a resumed run draws what an uninterrupted one does
+            noise_gen = (torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * cfg.seqs_per_step + j + 7)
+                         if cfg.feature_noise else None)
+            logits, labels = block_forward(head, target, seq, anchors, cfg.feature_noise, noise_gen)
             t_ids, t_logp = _teacher(seq, anchors, head)
             loss = draft_loss(logits, labels, t_ids, t_logp, cfg.loss, cfg.gamma) / cfg.seqs_per_step
             loss.backward()
