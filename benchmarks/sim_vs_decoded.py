@@ -13,6 +13,11 @@ decoded τ when training and inference agree. `sim_all` averages over every anch
 does on its held-out blocks; it weighs easy stretches by their length, not by the few rounds they take.
 Prints one JSON line per set. A gap between the monitor's held-out τ and these numbers is then the
 prompts' distribution, not a train/infer mismatch.
+
+It also splits the anchors by whether the answer is *copying* there: an anchor is copyable when it and
+the next `COPY_SPAN` tokens occurred together earlier in the sequence (prompt or answer), as when a
+HumanEval answer repeats the function's signature. `copyable_share` and the committed tokens per round at
+copyable and at other anchors tell how well the head drafts what it could read from its context.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+COPY_SPAN = 3
+
+
+def copyable(ids: list[int], pos: int, span: int = COPY_SPAN) -> bool:
+    """ids[pos .. pos+span] occurred, in that order, somewhere before pos."""
+    pattern = ids[pos: pos + span + 1]
+    return len(pattern) == span + 1 and any(ids[j: j + span + 1] == pattern for j in range(pos - span))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.sets.split(","):
         committed = rounds = walk_committed = walk_rounds = 0
         every: list[int] = []
+        by_copy: dict[bool, list[int]] = {True: [], False: []}
         depth1: list[bool] = []
         per_prompt = []
         for item in spread_prompts(name, args.prompts):
@@ -71,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                                                anchors)
             accepted = tree_accepted_for_blocks(logits, labels, args.width, args.budget)
             every += accepted
+            for a, acc in zip(anchors.tolist(), accepted):
+                by_copy[copyable(ids, a)].append(acc + 1)
             depth1 += (logits[:, 0].argmax(-1) == labels[:, 0]).tolist()
             i = 0
             while i < len(accepted):
@@ -81,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             "set": name, "prompts": len(per_prompt), "decoded_tau": round(committed / max(1, rounds), 3),
             "sim_walk_tau": round(walk_committed / max(1, walk_rounds), 3),
             "sim_all_tau": round((sum(every) + len(every)) / max(1, len(every)), 3),
-            "agree_d1": round(sum(depth1) / max(1, len(depth1)), 3), "decoded_tau_per_prompt": per_prompt,
+            "agree_d1": round(sum(depth1) / max(1, len(depth1)), 3),
+            "copyable_share": round(len(by_copy[True]) / max(1, len(every)), 3),
+            "committed_at_copyable": round(sum(by_copy[True]) / max(1, len(by_copy[True])), 3),
+            "committed_at_other": round(sum(by_copy[False]) / max(1, len(by_copy[False])), 3),
+            "decoded_tau_per_prompt": per_prompt,
         }), flush=True)
     return 0
 
