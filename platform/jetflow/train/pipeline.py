@@ -28,8 +28,9 @@ class Preset:
     eval_new_tokens: int = 64
 
 
-# The held-out goals are MT-Bench (chat) and HumanEval (code): a third of the prompts come from the
-# code-asking part of ShareGPT (BENCHMARKS.md "The `demo` preset with per-depth inputs").
+# The held-out goals are MT-Bench (chat) and HumanEval (code): half of the prompts ask for code, from
+# ShareGPT's code-asking part and standard-library functions to complete (BENCHMARKS.md "The `demo`
+# preset with per-depth inputs", "The `demo` preset with standard-library code prompts").
 TRAIN_MIX = ("sharegpt", "sharegpt-code", "gsm", "pycode")
 
 PRESETS: dict[str, Preset] = {
@@ -39,9 +40,9 @@ PRESETS: dict[str, Preset] = {
                     train=TrainConfig(name="smoke", num_layers=1, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
                                       eval_sequences=2, checkpoint_every=2),
                     eval_prompts=1, eval_new_tokens=8),
-    # Sized to stay under 30 min on 2 CPU cores (BENCHMARKS.md "The `demo` preset with per-depth
-    # inputs": 512 prompts and 4 epochs took 21 min; the rest went to 25 % more prompts and a fifth
-    # epoch). The head settings come from the calibration on the demo cache (BENCHMARKS.md "Head settings
+    # Sized to stay under 30 min on 2 CPU cores (27.4 min measured: BENCHMARKS.md "The `demo` preset
+    # with standard-library code prompts"; the code prompts are longer, so regeneration is slower). The
+    # held-out τ takes 6 prompts per set spread over it (`spread_prompts`). The head settings come from the calibration on the demo cache (BENCHMARKS.md "Head settings
     # for a 30-minute budget", "What a 1-layer head learns in 120 steps"): a 1-layer, block-8 head with
     # the anchor shortcut learns more per CPU-second than the paper's 2-layer block-16 head, more still
     # with a learned per-depth input and a steep depth decay (γ 1.5) that leave depth 1 its gradient; a
