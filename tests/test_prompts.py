@@ -136,8 +136,7 @@ def test_pycode_is_documented_stdlib_functions_to_complete_in_the_humaneval_inst
     assert prompt_set_version("sharegpt") is None  # fixed by its package pin
 
 
-def test_a_set_version_enters_the_regeneration_key_and_manifest_only_for_sets_that_declare_one(
-        register_fake_set):
+def test_a_set_version_enters_the_regeneration_key_only_for_sets_that_declare_one():
     from jetflow.data.regenerate import RegenConfig
 
     plain = RegenConfig(prompt_sets=["sharegpt", "gsm"])
@@ -152,6 +151,8 @@ def test_a_set_version_enters_the_regeneration_key_and_manifest_only_for_sets_th
 
     try:
         cfg = RegenConfig(prompt_sets=["fake_versioned"])
+        assert cfg.prompt_set_versions() == {"fake_versioned": "1"}  # what the manifest records
+        assert plain.prompt_set_versions() == {}
         first = cfg.key("r1")
         version["v"] = "2"  # e.g. another Python version: other content, another folder
         assert cfg.key("r1") != first

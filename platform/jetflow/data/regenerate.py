@@ -64,11 +64,15 @@ class RegenConfig:
         drop = ("workers", "batch_size") + (("backend",) if self.backend == "hf" else ())
         settings = {k: v for k, v in asdict(self).items() if k not in drop}
         content = {"settings": settings, "revision": revision}
-        versions = {name: v for name in self.prompt_sets if (v := prompt_set_version(name)) is not None}
-        if versions:  # a set whose content no package pin fixes (e.g. pycode: the Python version)
+        if versions := self.prompt_set_versions():
             content["prompt_set_versions"] = versions
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def prompt_set_versions(self) -> dict[str, str]:
+        """The content versions of the sets whose content no package pin fixes (e.g. pycode: the
+        Python version); part of the key and the manifest."""
+        return {name: v for name in self.prompt_sets if (v := prompt_set_version(name)) is not None}
 
 
 def select_prompts(cfg: RegenConfig) -> list[PromptItem]:
@@ -244,8 +248,7 @@ def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds
         "content_sha256": digest.hexdigest(),
         "seconds": seconds if seconds is not None else old.get("seconds"),
     }
-    versions = {name: v for name in cfg.prompt_sets if (v := prompt_set_version(name)) is not None}
-    if versions:
+    if versions := cfg.prompt_set_versions():
         manifest["prompt_set_versions"] = versions
     if seconds:
         manifest["response_tokens_per_s"] = tokens / seconds

@@ -42,8 +42,9 @@ PRESETS: dict[str, Preset] = {
                     eval_prompts=1, eval_new_tokens=8),
     # Sized to stay under 30 min on 2 CPU cores (27.4 min measured: BENCHMARKS.md "The `demo` preset
     # with standard-library code prompts"; the code prompts are longer, so regeneration is slower). The
-    # held-out τ takes 6 prompts per set spread over it (`spread_prompts`). The head settings come from the calibration on the demo cache (BENCHMARKS.md "Head settings
-    # for a 30-minute budget", "What a 1-layer head learns in 120 steps"): a 1-layer, block-8 head with
+    # held-out τ takes 6 prompts per set spread over it (`spread_prompts`). The head settings come from
+    # the calibration on the demo cache (BENCHMARKS.md "Head settings for a 30-minute budget", "What a
+    # 1-layer head learns in 120 steps"): a 1-layer, block-8 head with
     # the anchor shortcut learns more per CPU-second than the paper's 2-layer block-16 head, more still
     # with a learned per-depth input and a steep depth decay (γ 1.5) that leave depth 1 its gradient; a
     # 16K draft vocabulary covers 97 % of the target's own tokens.
