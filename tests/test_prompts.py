@@ -129,7 +129,7 @@ def test_pycode_is_documented_stdlib_functions_to_complete_in_the_humaneval_inst
         assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(fn.body) == 1
         assert len(ast.get_docstring(fn)) >= prompts.PYCODE_MIN_DOC_CHARS
         assert fn.name not in entry_points and not fn.name.startswith("_")
-        assert item.id == f"pycode/{item.id.split('/', 1)[1]}" and item.id.endswith("." + fn.name)
+        assert item.id.startswith("pycode/") and item.id.endswith("." + fn.name)
     # shuffled: the first items do not come from one module
     assert len({i.id.rsplit(".", 1)[0] for i in items[:20]}) > 10
     assert prompt_set_version("pycode") == f"python-{platform.python_version()}"
