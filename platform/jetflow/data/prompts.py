@@ -92,8 +92,9 @@ CODE_PATTERN = re.compile(
 """What makes a ShareGPT prompt a ``sharegpt-code`` prompt (searched anywhere in its text)."""
 
 PYCODE_SEED = 0
-PYCODE_SKIP_DIRS = frozenset({"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip",
-                              "site-packages", "dist-packages", "pydoc_data", "__pycache__", "venv"})
+# besides any path part starting with "_" or "test" (private modules, test suites)
+PYCODE_SKIP_DIRS = frozenset({"idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
+                              "dist-packages", "pydoc_data", "venv"})
 PYCODE_MAX_CHARS = 1200  # of the def line(s) + docstring
 PYCODE_MIN_DOC_CHARS = 40
 
