@@ -16,6 +16,7 @@ from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, bui
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
 from jetflow.head import DraftHead, load_head
+from jetflow.head.copy import copy_block_inputs
 from jetflow.train.blocks import sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
 from jetflow.train.losses import chain_tau_from_hits, draft_loss
@@ -76,17 +77,19 @@ def test_training_mask_sees_context_before_the_anchor_and_only_its_own_block(cau
             assert bool(m[q, 10 + k]) == (b2 == b and (i2 <= i or not causal))
 
 
-@pytest.mark.parametrize("causal,shortcut,vocab,depth", [(True, False, 0, False), (True, True, 0, False),
-                                                         (False, False, 0, False), (False, True, 0, False),
-                                                         (True, False, 64, False), (True, True, 0, True),
-                                                         (False, False, 0, True)])
+@pytest.mark.parametrize("causal,shortcut,vocab,depth,copy", [
+    (True, False, 0, False, 0), (True, True, 0, False, 0), (False, False, 0, False, 0), (False, True, 0, False, 0),
+    (True, False, 64, False, 0), (True, True, 0, True, 0), (False, False, 0, True, 0),
+    (True, True, 0, True, 3), (False, False, 64, False, 2)])
 def test_block_logits_in_the_batched_training_forward_equal_the_inference_forward(tiny, features, causal, shortcut,
-                                                                                 vocab, depth):
+                                                                                 vocab, depth, copy):
     """The bug class behind 'great validation numbers, nothing accepted': train and infer must agree."""
     data = FeatureCache(features)
     cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, depth_embedding=depth,
-                      zero_init=False)
+                      copy_ngram=copy, zero_init=False)
     head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"])
+    if copy:  # random copy weights, so that a copy input the two forwards place differently shows
+        torch.nn.init.normal_(head.copy_len_embed, std=0.5)
     if vocab:  # a draft vocabulary (the tiny target has no tokenizer to count a corpus with)
         sub = DraftHead(dataclasses.replace(head.config, draft_vocab_size=vocab))
         sub.load_state_dict(head.state_dict(), strict=False)
@@ -97,6 +100,9 @@ def test_block_logits_in_the_batched_training_forward_equal_the_inference_forwar
     anchors = sample_anchors(seq["response_start"], len(seq["tokens"]), 6, 8, torch.Generator().manual_seed(1))
     with torch.no_grad():
         train_logits, _ = block_forward(head, tiny, seq, anchors)
+    if copy:  # the case under test: some blocks carry copy candidates, of more than one match length
+        lens = copy_block_inputs(seq["tokens"], anchors.tolist(), 6, copy)[1]
+        assert (lens == 0).any() and len(set(lens[lens > 0].tolist())) > 1
     decoder = Decoder(tiny, head)
     for n, a in enumerate(anchors.tolist()):
         tokens = seq["tokens"][: a + 1].tolist()

@@ -19,6 +19,7 @@ from jetflow.decode.sampling import DecodeConfig, target_probs
 from jetflow.decode.stats import DecodeStats
 from jetflow.errors import PromptTooLongError
 from jetflow.head import DraftHead, check_fits
+from jetflow.head.copy import copy_inputs
 from jetflow.target import TargetModel
 from jetflow.tree import DraftTree, build_tree, walk
 
@@ -179,8 +180,12 @@ class Decoder:
         head's output vocabulary (V' = its draft vocabulary, or the target's; `head.to_target_ids` maps)."""
         target, head, past = self.target, self.head, state.past
         block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), state.mask_ids]))
+        copy = None
+        if head.config.copy_ngram:
+            # the committed tokens: the anchor (last of them) stands at position `past`
+            copy = copy_inputs(head, target, state.prompt_ids + state.generated, [past])
         h = head(state.ctx[None, :past], block[None], state.positions[None, :past],
-                 state.positions[None, past : past + head.config.block_size])
+                 state.positions[None, past : past + head.config.block_size], copy=copy)
         return head.output_logits(target, h[0, 1:])
 
     def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:

@@ -27,6 +27,8 @@ class HeadConfig:
     tap_norm: bool = False               # RMSNorm each tapped layer before fc (activation outliers)
     anchor_shortcut: bool = False        # add the context feature of position T-1 to every block input
     depth_embedding: bool = False        # add a learned vector per block offset to the block inputs
+    copy_ngram: int = 0                  # > 0: block inputs gain the tokens that followed the longest (<= n)
+                                         # earlier match of the context's suffix (jetflow.head.copy)
     draft_vocab_size: int = 0            # > 0: draft only over this many target ids (stored as `draft_vocab`)
     num_target_layers: int = 0
     target_model_id: str = ""
@@ -45,6 +47,8 @@ class HeadConfig:
         if not 0 <= self.draft_vocab_size <= self.vocab_size:
             raise InvalidSettingError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = full vocab), "
                                       f"got {self.draft_vocab_size}")
+        if not 0 <= self.copy_ngram <= 16:
+            raise InvalidSettingError(f"copy_ngram must be in 0..16 (0 = no copy inputs), got {self.copy_ngram}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise InvalidSettingError(f"mask_token_id {self.mask_token_id} outside vocab of {self.vocab_size}")
 
@@ -120,6 +124,7 @@ class HeadConfig:
                 "tap_norm": self.tap_norm,
                 "anchor_shortcut": self.anchor_shortcut,
                 "depth_embedding": self.depth_embedding,
+                "copy_ngram": self.copy_ngram,
                 "draft_vocab_size": self.draft_vocab_size,
                 "target_model_id": self.target_model_id,
                 "target_revision": self.target_revision,
@@ -152,6 +157,7 @@ class HeadConfig:
             tap_norm=bool(jf.get("tap_norm", False)),
             anchor_shortcut=bool(jf.get("anchor_shortcut", False)),
             depth_embedding=bool(jf.get("depth_embedding", False)),
+            copy_ngram=int(jf.get("copy_ngram", 0)),
             draft_vocab_size=int(jf.get("draft_vocab_size", 0)),
             num_target_layers=d.get("num_target_layers", 0),
             target_model_id=jf.get("target_model_id", ""),

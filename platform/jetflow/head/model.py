@@ -114,6 +114,11 @@ class DraftHead(nn.Module):
             # apart only by RoPE, so every depth shares one input. Random (not zero) init, std 0.5 — the
             # scale of the unit-RMS context features — separates the depths from the first step.
             self.depth_embed = nn.Parameter(torch.randn(cfg.block_size, cfg.hidden_size) * 0.5)
+        if cfg.copy_ngram:
+            # copy inputs (jetflow.head.copy): the candidate's token embedding brought to unit RMS (SmolLM2's
+            # embeddings have RMS ~0.13, the context features ~1), plus a learned vector per match length
+            self.copy_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.copy_len_embed = nn.Parameter(torch.zeros(cfg.copy_ngram, cfg.hidden_size))
         if cfg.draft_vocab_size:
             # target ids the head drafts over, ascending; set by `set_draft_vocab`, saved with the weights
             self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size), persistent=True)
@@ -152,10 +157,13 @@ class DraftHead(nn.Module):
         ctx_positions: torch.Tensor,
         block_positions: torch.Tensor,
         mask: torch.Tensor | None = None,
+        copy: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """context (b, T, H) projected features; block (b, Q, H) block input embeddings;
         positions (b, T) and (b, Q) long; mask (b|1, 1, Q, T+Q) bool (True = visible) or None
-        for the single-block default. Returns (b, Q, H) final-normed hidden states.
+        for the single-block default; copy (heads with `copy_ngram` only, required there) = the target
+        embeddings of the copy candidates (b, Q, H) and the match lengths (b, Q) long, 0 = no candidate
+        (`jetflow.head.copy.copy_block_inputs`). Returns (b, Q, H) final-normed hidden states.
 
         Queries are whole blocks of `block_size`, laid out one after another. With `anchor_shortcut`,
         each query's input gains the context feature at its anchor position minus one — the newest
@@ -165,6 +173,12 @@ class DraftHead(nn.Module):
         offset = torch.arange(block.shape[1], device=block.device) % self.config.block_size
         if self.config.depth_embedding:
             block = block + self.depth_embed[offset].to(block.dtype)
+        if self.config.copy_ngram:
+            if copy is None:
+                raise ValueError("this head reads copy inputs (copy_ngram > 0): pass copy=(embeddings, lengths)")
+            embeds, lens = copy
+            term = self.copy_norm(embeds.to(block.dtype)) + self.copy_len_embed[(lens - 1).clamp(min=0)].to(block.dtype)
+            block = block + term * (lens > 0)[..., None].to(block.dtype)
         if self.config.anchor_shortcut and context.shape[1] > 0:
             row = block_positions - offset - 1  # anchor position - 1
             valid = (row >= 0) & (row < context.shape[1])

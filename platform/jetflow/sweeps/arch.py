@@ -23,7 +23,7 @@ DRIVER_CPU = 0.01  # a trial = this driver + Ray Train workers of 1 - DRIVER_CPU
 # what a trial may vary, and how it appears on the command line (comma-separated choices)
 SEARCHABLE = {"num_layers": int, "block_size": int, "num_taps": int, "causal": bool, "loss": str,
               "gamma": float, "lr": float, "max_sequences": int, "draft_vocab": int, "anchor_shortcut": bool,
-              "depth_embedding": bool}
+              "depth_embedding": bool, "copy_ngram": int}
 
 
 def parse_choices(spec: str) -> tuple[str, list]:

@@ -74,6 +74,8 @@ def arch_summary(head_dir: str | Path) -> str:
              f"block{dc.get('block_size', cfg.get('block_size'))}",
              "taps[" + ",".join(map(str, dc.get("target_layer_ids", []))) + "]"]
     parts += [flag for flag in ("tap_norm", "anchor_shortcut", "depth_embedding") if jf.get(flag)]
+    if jf.get("copy_ngram"):
+        parts.append(f"copy{jf['copy_ngram']}")
     parts.append(f"{_parameter_count(head_dir / 'model.safetensors') / 1e6:.1f}M params")
     return " ".join(parts)
 

@@ -20,6 +20,7 @@ class TrainConfig:
     tap_norm: bool = True            # measured: SmolLM2's tapped outliers collapse raw fc inputs
     anchor_shortcut: bool = False
     depth_embedding: bool = False    # a learned input vector per block offset (measured: helps a 1-layer head)
+    copy_ngram: int = 0              # > 0: copy inputs from the longest (<= n) earlier match of the context's suffix
     draft_vocab: int = 0             # > 0: draft over the N most frequent ShareGPT ids (0 = full vocab)
     # initialisation
     zero_init: bool = True           # zero o_proj/down_proj: each layer starts as the identity

@@ -19,6 +19,7 @@ import torch
 
 from jetflow.data.features import FeatureCache
 from jetflow.head import DraftHead, HeadConfig, save_head
+from jetflow.head.copy import copy_inputs
 from jetflow.train.blocks import block_inputs, block_labels, sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
 from jetflow.train.losses import draft_loss
@@ -32,7 +33,7 @@ def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
     hc = HeadConfig.for_target(target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size,
                                causal=cfg.causal, target_layer_ids=list(layer_ids), tap_norm=cfg.tap_norm,
                                anchor_shortcut=cfg.anchor_shortcut, depth_embedding=cfg.depth_embedding,
-                               draft_vocab_size=cfg.draft_vocab)
+                               copy_ngram=cfg.copy_ngram, draft_vocab_size=cfg.draft_vocab)
     head = DraftHead(hc)
     if cfg.draft_vocab:
         from jetflow.data.vocab import build_draft_vocab
@@ -69,7 +70,8 @@ def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor, fea
     with torch.no_grad():
         block = target.embed(ids)[None]
     mask = training_mask(anchors, s, cfg.block_size, cfg.causal)
-    h = head(ctx, block, torch.arange(s)[None], pos[None], mask)[0]
+    copy = copy_inputs(head, target, tokens, anchors.tolist())
+    h = head(ctx, block, torch.arange(s)[None], pos[None], mask, copy)[0]
     h = h.view(anchors.shape[0], cfg.block_size, -1)[:, 1:]
     return head.output_logits(target, h), head.to_draft_index(block_labels(tokens, anchors, cfg.block_size))
 

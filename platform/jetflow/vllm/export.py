@@ -104,6 +104,12 @@ def check_exportable(cfg: HeadConfig, lm_head_weight: torch.Tensor | None = None
             "weight depth_embed) has no counterpart in vLLM's DFlash model, whose block input is token "
             "embeddings only. Serve this head with JetFlow's decoder, or train one with depth_embedding=False "
             "for vLLM")
+    if cfg.copy_ngram:
+        raise ExportUnsupportedError(
+            f"head option copy_ngram={cfg.copy_ngram} (copy candidates found in the context added to the block "
+            "inputs, weights copy_norm and copy_len_embed) has no counterpart in vLLM's DFlash model, whose "
+            "block input is token embeddings only. Serve this head with JetFlow's decoder, or train one with "
+            "copy_ngram=0 for vLLM")
     if cfg.num_target_layers and any(i >= cfg.num_target_layers - 1 for i in cfg.target_layer_ids):
         # vLLM's aux state for tap L is the residual stream after layer L (llama.py _maybe_add_hidden_state);
         # for the last layer HF's hidden_states[-1], which the head was trained on, is final-normed instead.
