@@ -331,3 +331,30 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
     head = load_head(tmp_path / "head")
     assert head.config.block_size == 6 and head.config.target_layer_ids == [1, 2, 3]
     assert (tmp_path / "head" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("script,config", [("jobs/train.py", "TrainConfig"), ("jobs/datagen.py", "RegenConfig")])
+def test_help_documents_every_option_with_its_comment_and_default(script, config):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from jetflow.config_cli import field_comments
+    from jetflow.data.regenerate import RegenConfig
+
+    cls = {"TrainConfig": TrainConfig, "RegenConfig": RegenConfig}[config]
+    comments = field_comments(cls)
+    undocumented = [f.name for f in dataclasses.fields(cls) if not comments.get(f.name)]
+    assert not undocumented, f"{config} fields without a comment to show in --help: {undocumented}"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True,
+                         cwd=root, timeout=120, env={**os.environ, "PYTHONPATH": str(root / "platform")})
+    assert out.returncode == 0, out.stderr
+    entries = [" ".join(e.split()) for e in re.split(r"\n  (?=--)", out.stdout)]  # one per option, unwrapped
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        entry = next((e for e in entries if e.startswith(flag + " ")), "")
+        assert " ".join(comments[f.name].split()[:3]) in entry and "(default" in entry, (flag, entry)
+    if cls is TrainConfig:  # a continuation line joins its field's help; a section title does not
+        assert comments["copy_ngram"].endswith("0 = off") and "initialisation" not in comments["draft_vocab"]

@@ -35,16 +35,17 @@ SCHEMA = pa.schema([
 
 @dataclass
 class RegenConfig:
-    model: str = "smollm2-135m"
+    model: str = "smollm2-135m"      # the target: a bundled name, a local HF folder or a hub id
     prompt_sets: list[str] = field(default_factory=lambda: ["sharegpt", "gsm"])  # train splits, interleaved
-    num_prompts: int = 256
+    num_prompts: int = 256            # prompts taken from the sets, in turn
     max_prompt_tokens: int = 256      # longer prompts are skipped (recorded in the manifest)
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256         # the longest answer regenerated per prompt
     temperature: float = 0.0          # 0 = greedy (the paper's default)
-    batch_size: int = 16
-    shard_size: int = 64
+    batch_size: int = 16              # prompts decoded together (left padding)
+    shard_size: int = 64              # prompts per stored shard: the unit of resume and of work per worker
     workers: int = 1                  # >1: shards spread over this many Ray actors
-    backend: str = "hf"               # "hf" (transformers generate) or "vllm" (needs the [vllm] extra)
+    backend: str = "hf"               # "hf" (our batched greedy/sampling loop on the transformers model) or
+                                      # "vllm" (needs the [vllm] extra)
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_prompt_tokens", "max_new_tokens", "batch_size", "shard_size", "workers"):

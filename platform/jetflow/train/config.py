@@ -11,40 +11,42 @@ from jetflow.train.losses import LOSSES
 
 @dataclass
 class TrainConfig:
-    name: str = "head"
+    name: str = "head"               # the head's name: it lands in $JETFLOW_HOME/heads/<name>/
     # architecture
-    num_layers: int = 2
-    block_size: int = 16
-    causal: bool = True
-    num_taps: int = 5
-    tap_norm: bool = True            # measured: SmolLM2's tapped outliers collapse raw fc inputs
-    anchor_shortcut: bool = False
+    num_layers: int = 2              # decoder layers in the head (1..8)
+    block_size: int = 16             # B: the anchor plus B-1 drafted depths per block
+    causal: bool = True              # causal inside the block (JetFlow); false = bidirectional (DFlash)
+    num_taps: int = 5                # target layers tapped for context features, spread from layer 1 to n-3
+    tap_norm: bool = True            # RMSNorm each tap before fc (measured: SmolLM2's tapped outliers collapse
+                                     # raw fc inputs)
+    anchor_shortcut: bool = False    # add the context feature at the anchor's position - 1 to every block input
     depth_embedding: bool = False    # a learned input vector per block offset (measured: helps a 1-layer head)
-    copy_ngram: int = 0              # > 0: copy inputs from the longest (<= n) earlier match of the context's suffix
+    copy_ngram: int = 0              # > 0: block inputs gain copy candidates from the longest (<= n) earlier
+                                     # match of the context's suffix (jetflow.head.copy); 0 = off
     draft_vocab: int = 0             # > 0: draft over the N most frequent ShareGPT ids (0 = full vocab)
     # initialisation
     zero_init: bool = True           # zero o_proj/down_proj: each layer starts as the identity
     init_from_target: bool = False   # copy the target's top layers into the head
     # objective and optimiser
-    loss: str = "fkl"
-    gamma: float = 0.0
-    lr: float = 3e-4
-    weight_decay: float = 0.0
+    loss: str = "fkl"                # fkl (forward KL on the teacher's top-K), ce (the target's token) or rkl
+    gamma: float = 0.0               # > 0: weight depth k by exp(-(k-1)/gamma) (DFlash decay); 0 = uniform
+    lr: float = 3e-4                 # AdamW peak learning rate (warmup, then cosine to 0)
+    weight_decay: float = 0.0        # AdamW weight decay
     feature_noise: float = 0.0       # > 0: std of Gaussian noise on the normalized taps, training forwards only
-    warmup_frac: float = 0.05
-    epochs: float = 2.0
+    warmup_frac: float = 0.05        # fraction of the steps spent warming the learning rate up
+    epochs: float = 2.0              # passes over the training sequences (fractions allowed)
     max_steps: int = 0               # > 0 caps the run
-    anchors_per_seq: int = 16
-    seqs_per_step: int = 4
-    grad_clip: float = 1.0
+    anchors_per_seq: int = 16        # random anchors (blocks) per sequence and step, response region only
+    seqs_per_step: int = 4           # sequences per optimizer step (per worker)
+    grad_clip: float = 1.0           # clip the gradient norm to this
     # monitoring and checkpoints
     max_sequences: int = 0           # > 0: train on only the first N training sequences (data-size studies)
     eval_every: int = 0              # > 0: held-out eval every N steps (what ASHA stops on); always at the end
-    eval_sequences: int = 16
-    eval_width: int = 7
-    eval_budget: int = 32
-    checkpoint_every: int = 50
-    seed: int = 0
+    eval_sequences: int = 16         # sequences held out for the monitor (per-depth agreement, simulated tau)
+    eval_width: int = 7              # tree width W of the monitor's simulated tree tau
+    eval_budget: int = 32            # tree budget of the monitor's simulated tree tau
+    checkpoint_every: int = 50       # save a resumable checkpoint every N steps
+    seed: int = 0                    # seeds the head init, the split, the epoch orders and the anchors
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
