@@ -101,3 +101,22 @@ def test_deep_and_off_spine_acceptance_stays_token_identical(smollm, references,
 
 def _first_diff(a, b):
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_a_copy_head_drafts_from_its_context_through_the_real_decoder_and_stays_token_identical(smollm, references):
+    """A head with copy inputs (copy_ngram) and identity layers drafts what its copy candidates say: the
+    candidates the decoder computes from the committed tokens each round really get accepted (HumanEval
+    answers repeat the prompt's signature), several tokens a round, and the output stays greedy's."""
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(smollm, copy_ngram=3))
+    for layer in head.layers:  # identity layers: the draft is the block input, i.e. the copy candidate
+        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    decoder = Decoder(smollm, head)
+    rounds_over_2 = 0
+    for i in (5, 6):  # HumanEval
+        ids, expected = references[i]
+        result = decoder.generate(ids, DecodeConfig(budget=32, width=7, max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == expected, f"diverged at {_first_diff(result.token_ids, expected)}"
+        rounds_over_2 += sum(c > 2 for c in result.stats.committed_per_round)
+    assert rounds_over_2 >= 3, "the copy candidates should carry some rounds past depth 2"

@@ -195,10 +195,11 @@ def test_bidirectional_head_exports_non_causal_flags_and_cast_weights(tmp_path):
     assert json.loads((out / PROVENANCE).read_text())["converted"] == ["weights cast float32 → bfloat16"]
 
 
-@pytest.mark.parametrize("option", ["tap_norm", "anchor_shortcut", "depth_embedding"])
-def test_export_refuses_head_options_vllm_cannot_run(tmp_path, option):
-    _, src = tiny_head(tmp_path, **{option: True})
-    with pytest.raises(ExportUnsupportedError, match=f"{option}=True.*JetFlow's decoder"):
+@pytest.mark.parametrize("option,value", [("tap_norm", True), ("anchor_shortcut", True), ("depth_embedding", True),
+                                          ("copy_ngram", 3)])
+def test_export_refuses_head_options_vllm_cannot_run(tmp_path, option, value):
+    _, src = tiny_head(tmp_path, **{option: value})
+    with pytest.raises(ExportUnsupportedError, match=f"{option}={value}.*JetFlow's decoder"):
         export_vllm(src, tmp_path / "vllm")
     assert not (tmp_path / "vllm").exists()
 
