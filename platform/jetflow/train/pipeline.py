@@ -47,22 +47,25 @@ PRESETS: dict[str, Preset] = {
     # 1-layer head learns in 120 steps"): a 1-layer, block-8 head with
     # the anchor shortcut learns more per CPU-second than the paper's 2-layer block-16 head, more still
     # with a learned per-depth input and a steep depth decay (γ 1.5) that leave depth 1 its gradient; a
-    # 16K draft vocabulary covers 97 % of the target's own tokens.
+    # 16K draft vocabulary covers 97 % of the target's own tokens. Copy inputs (copy_ngram 3: what followed
+    # the longest earlier match of the context's last 1-3 tokens) let the head draft repetitions past
+    # depth 1 (BENCHMARKS.md "Copy inputs").
     "demo": Preset(RegenConfig(num_prompts=640, max_new_tokens=160, batch_size=32, shard_size=64,
                                prompt_sets=list(TRAIN_MIX)),
                    features_max_len=448,
                    train=TrainConfig(name="demo", num_layers=1, block_size=8, anchor_shortcut=True,
-                                     depth_embedding=True, gamma=1.5,
+                                     depth_embedding=True, gamma=1.5, copy_ngram=3,
                                      epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=64),
     # 85 min on 2 CPU cores (BENCHMARKS.md "The `long` preset, run once"): 4.8x the demo's data; the demo's
     # 1-layer head (the calibration found 2 layers no better at this data size and 1.6x slower per step),
-    # with its per-depth input and γ 1.5 since session 5 (retrained on the same data: "long2" there)
+    # with its per-depth input and γ 1.5 since session 5 (retrained on the same data: "long2" there) and
+    # its copy inputs since session 7 ("long3")
     "long": Preset(RegenConfig(num_prompts=2000, max_new_tokens=192, batch_size=32, shard_size=64),
                    features_max_len=512,
                    train=TrainConfig(name="long", num_layers=1, block_size=8, anchor_shortcut=True,
-                                     depth_embedding=True, gamma=1.5,
+                                     depth_embedding=True, gamma=1.5, copy_ngram=3,
                                      epochs=3, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=32, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=96),
