@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "('random-bidirectional' for random init): its rows are chain_/tree_bidirectional")
     p.add_argument("--sets", default="mtbench,humaneval", help="comma-separated eval prompt sets or JSONL "
                    "files (default mtbench,humaneval)")
-    p.add_argument("--prompts", type=int, default=5, help="prompts per set, the first N of its eval split "
+    p.add_argument("--prompts", type=int, default=5, help="prompts per set, N spread evenly over its eval split "
                    "(default 5)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--budgets", default="8,32", help="tree budgets, nodes per round with the root, 1..4096 "

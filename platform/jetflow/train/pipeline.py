@@ -40,8 +40,8 @@ PRESETS: dict[str, Preset] = {
                     train=TrainConfig(name="smoke", num_layers=1, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
                                       eval_sequences=2, checkpoint_every=2),
                     eval_prompts=1, eval_new_tokens=8),
-    # Sized to stay under 30 min on 2 CPU cores (27.4 min measured: BENCHMARKS.md "The `demo` preset
-    # with standard-library code prompts"; the code prompts are longer, so regeneration is slower). The
+    # Sized to stay under 30 min on 2 CPU cores (23.4 min measured: BENCHMARKS.md "Copy inputs"; 27.4 in
+    # "The `demo` preset with standard-library code prompts", a run with test runs beside it). The
     # held-out τ takes 6 prompts per set spread over it (`spread_prompts`). The head settings come from
     # the calibration on the demo cache (BENCHMARKS.md "Head settings for a 30-minute budget", "What a
     # 1-layer head learns in 120 steps"): a 1-layer, block-8 head with
