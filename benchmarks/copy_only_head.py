@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     target = TargetModel.load(args.model)
     head = DraftHead(HeadConfig.for_target(target, copy_ngram=args.copy_ngram, block_size=args.block_size,
                                            num_hidden_layers=1))
-    for layer in head.layers:
-        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
-        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    head.identity_layers()
     print(save_head(head, args.out))
     return 0
 

@@ -109,9 +109,7 @@ def test_a_copy_head_drafts_from_its_context_through_the_real_decoder_and_stays_
     answers repeat the prompt's signature), several tokens a round, and the output stays greedy's."""
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(smollm, copy_ngram=3))
-    for layer in head.layers:  # identity layers: the draft is the block input, i.e. the copy candidate
-        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
-        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    head.identity_layers()  # the draft is the block input, i.e. the copy candidate
     decoder = Decoder(smollm, head)
     rounds_over_2 = 0
     for i in (5, 6):  # HumanEval

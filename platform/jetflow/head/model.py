@@ -130,6 +130,12 @@ class DraftHead(nn.Module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
 
+    def identity_layers(self) -> None:
+        """Zero every layer's residual writes (o_proj, down_proj): each layer starts as the identity."""
+        for layer in self.layers:
+            nn.init.zeros_(layer.self_attn.o_proj.weight)
+            nn.init.zeros_(layer.mlp.down_proj.weight)
+
     def project_context(self, features: torch.Tensor, noise: float = 0.0,
                         generator: torch.Generator | None = None) -> torch.Tensor:
         """(..., k*H) concatenated target taps → (..., H) context features every layer reads.
