@@ -38,5 +38,9 @@ def test_copy_ngram_out_of_range_is_refused(bad):
     from jetflow.errors import InvalidSettingError
     from jetflow.head.config import HeadConfig
 
+    from jetflow.train.config import TrainConfig
+
     with pytest.raises(InvalidSettingError, match="copy_ngram"):
         HeadConfig(hidden_size=8, vocab_size=16, target_layer_ids=[0], mask_token_id=0, copy_ngram=bad)
+    with pytest.raises(InvalidSettingError, match="copy_ngram"):  # before any data is generated
+        TrainConfig(copy_ngram=bad)
