@@ -8,6 +8,12 @@ from typing import Any
 from jetflow.errors import InvalidSettingError
 
 
+def check_copy_ngram(n: int) -> None:
+    """The head option `copy_ngram`: 0 (no copy inputs) or the longest context suffix matched, up to 16."""
+    if not 0 <= n <= 16:
+        raise InvalidSettingError(f"copy_ngram must be in 0..16 (0 = no copy inputs), got {n}")
+
+
 @dataclass
 class HeadConfig:
     hidden_size: int
@@ -47,8 +53,7 @@ class HeadConfig:
         if not 0 <= self.draft_vocab_size <= self.vocab_size:
             raise InvalidSettingError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = full vocab), "
                                       f"got {self.draft_vocab_size}")
-        if not 0 <= self.copy_ngram <= 16:
-            raise InvalidSettingError(f"copy_ngram must be in 0..16 (0 = no copy inputs), got {self.copy_ngram}")
+        check_copy_ngram(self.copy_ngram)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise InvalidSettingError(f"mask_token_id {self.mask_token_id} outside vocab of {self.vocab_size}")
 

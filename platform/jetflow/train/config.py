@@ -64,8 +64,9 @@ class TrainConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab < 0:
             raise InvalidSettingError(f"draft_vocab must be >= 0 (0 = the target's full vocabulary), got {self.draft_vocab}")
-        if not 0 <= self.copy_ngram <= 16:
-            raise InvalidSettingError(f"copy_ngram must be in 0..16 (0 = no copy inputs), got {self.copy_ngram}")
+        from jetflow.head.config import check_copy_ngram  # the head's own bound, checked before any data is made
+
+        check_copy_ngram(self.copy_ngram)
         if self.feature_noise < 0:
             raise InvalidSettingError(f"feature_noise must be >= 0, got {self.feature_noise}")
         if self.lr <= 0 or self.gamma < 0 or self.epochs <= 0:
