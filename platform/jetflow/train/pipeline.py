@@ -58,11 +58,12 @@ PRESETS: dict[str, Preset] = {
                                      epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=64),
-    # 70 min on 2 CPU cores (BENCHMARKS.md "The `long` preset, run once more"): 3.6x the demo's data,
-    # regenerated from the demo's prompt mix (the ShareGPT + GSM data of sessions 4-7 gave the copy head 2.32
+    # As much data as fits 2 hours on 2 CPU cores: 2,000 prompts took 70 min (BENCHMARKS.md "The `long`
+    # preset, run once more"), every stage in proportion to the data, so 3,000 are sized to ~105 min.
+    # Regenerated from the demo's prompt mix (the ShareGPT + GSM data of sessions 4-7 gave the copy head 2.32
     # on HumanEval against the demo's 2.85) over 2 Ray actors (1.2x one two-threaded process: "Regeneration
     # over Ray workers"); the demo's 1-layer head (per-depth input, γ 1.5, copy inputs), 4 epochs.
-    "long": Preset(RegenConfig(num_prompts=2000, max_new_tokens=192, batch_size=32, shard_size=64,
+    "long": Preset(RegenConfig(num_prompts=3000, max_new_tokens=192, batch_size=32, shard_size=64,
                                prompt_sets=list(TRAIN_MIX), workers=2),
                    features_max_len=512,
                    train=TrainConfig(name="long", num_layers=1, block_size=8, anchor_shortcut=True,
