@@ -58,8 +58,9 @@ PRESETS: dict[str, Preset] = {
                                      epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=64),
-    # As much data as fits 2 hours on 2 CPU cores: 2,000 prompts took 70 min (BENCHMARKS.md "The `long`
-    # preset, run once more"), every stage in proportion to the data, so 3,000 are sized to ~105 min.
+    # As much data as fits 2 hours on 2 CPU cores: 3,000 prompts took 65 min (BENCHMARKS.md "The `long`
+    # preset at 3,000 prompts"); 2,000 had taken 70 min on a host that regenerated 1.6x slower, so the
+    # preset keeps that margin rather than growing on one fast run.
     # Regenerated from the demo's prompt mix (the ShareGPT + GSM data of sessions 4-7 gave the copy head 2.32
     # on HumanEval against the demo's 2.85) over 2 Ray actors (1.2x one two-threaded process: "Regeneration
     # over Ray workers"); the demo's 1-layer head (per-depth input, γ 1.5, copy inputs), 4 epochs.
