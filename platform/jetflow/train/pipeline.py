@@ -59,12 +59,12 @@ PRESETS: dict[str, Preset] = {
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=64),
     # As much data as fits 2 hours on 2 CPU cores: 3,000 prompts took 65 min (BENCHMARKS.md "The `long`
-    # preset at 3,000 prompts"), so 4,000 are sized to ~85 min, ~107 on a host that regenerates 1.6x
-    # slower (2,000 took 70 min on one).
+    # preset at 3,000 prompts"). Hosts of this class differ: on a slower one every stage ran 1.5-1.7x
+    # longer, which puts 3,000 prompts at ~102 min and 4,000 (tried, stopped) at ~135, over the limit.
     # Regenerated from the demo's prompt mix (the ShareGPT + GSM data of sessions 4-7 gave the copy head 2.32
     # on HumanEval against the demo's 2.85) over 2 Ray actors (1.2x one two-threaded process: "Regeneration
     # over Ray workers"); the demo's 1-layer head (per-depth input, γ 1.5, copy inputs), 4 epochs.
-    "long": Preset(RegenConfig(num_prompts=4000, max_new_tokens=192, batch_size=32, shard_size=64,
+    "long": Preset(RegenConfig(num_prompts=3000, max_new_tokens=192, batch_size=32, shard_size=64,
                                prompt_sets=list(TRAIN_MIX), workers=2),
                    features_max_len=512,
                    train=TrainConfig(name="long", num_layers=1, block_size=8, anchor_shortcut=True,
