@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             import torch
 
-            from jetflow.eval.heads import load_eval_head
+            from jetflow.head import HeadRef
             from jetflow.target import TargetModel
 
-            torch.manual_seed(0)
             target = TargetModel.load(args.model, device=args.device)
-            head = None if args.head == "none" else load_eval_head(args.head, target).head
+            loaded = HeadRef.parse(args.head).load(target)
+            head = loaded.head if loaded is not None else None
             curve = measure_verify_curve(target, budgets, args.context_tokens, args.repeats, head=head)
         report = json.loads(Path(args.report).expanduser().read_text()) if args.report else None
     except (JetFlowError, OSError, ValueError) as exc:

@@ -22,6 +22,7 @@ import torch
 
 from jetflow.data import load_prompts
 from jetflow.decode import DecodeConfig, Decoder, encode_prompt
+from jetflow.tree import TreeSpec
 from jetflow.eval.cost_model import time_verify
 from jetflow.eval.timing import median_ms
 from jetflow.head import DraftHead, HeadConfig
@@ -42,7 +43,7 @@ def verify_curve(target: TargetModel, sizes, past: int, reps: int, walk_rows: in
 @torch.inference_mode()
 def head_forward(target: TargetModel, head: DraftHead, past: int, reps: int) -> float:
     decoder = Decoder(target, head)
-    cfg = DecodeConfig(budget=32, max_new_tokens=4)
+    cfg = DecodeConfig(tree=TreeSpec(budget=32), max_new_tokens=4)
     state = decoder._prefill(list(range(100, 100 + past + 1)), cfg)
     return median_ms(lambda: decoder.draft(state, cfg), reps)
 
@@ -53,7 +54,7 @@ def decode_overhead(target, head, prompts, budgets, new_tokens) -> list[dict]:
         decoder = Decoder(target, head)
         stats = None
         for ids in prompts:
-            s = decoder.generate(ids, DecodeConfig(budget=budget, max_new_tokens=new_tokens)).stats
+            s = decoder.generate(ids, DecodeConfig(tree=TreeSpec(budget=budget), max_new_tokens=new_tokens)).stats
             stats = s if stats is None else stats.merge(s)
         out.append({"budget": budget, "rounds": stats.rounds, "round_ms": stats.decode_s / stats.rounds * 1000,
                     "draft_ms": stats.draft_s / stats.rounds * 1000, "verify_ms": stats.verify_s / stats.rounds * 1000,

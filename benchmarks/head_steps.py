@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jetflow.config_cli import add_dataclass_args, overrides
+from jetflow.config_cli import add_dataclass_args, overrides, parse_args
 from jetflow.train.config import TrainConfig
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--out", type=Path, help="where the head goes (default: a temporary folder, removed)")
     add_dataclass_args(p, TrainConfig, "training options (default: the demo preset's)", skip=("max_steps",))
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
 
     import torch
 

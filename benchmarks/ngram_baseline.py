@@ -45,12 +45,12 @@ def ngram_accuracy(sequences: list[list[int]], held_out: int) -> dict[str, float
 def head_agreement(head: str, features: Path, model: str) -> dict[str, dict[str, float]]:
     from jetflow.data.features import FeatureCache
     from jetflow.head import load_head
-    from jetflow.head.io import resolve_head_path
+    from jetflow.head.ref import local_head_path
     from jetflow.target import TargetModel
     from jetflow.train.config import TrainConfig
     from jetflow.train.trainer import held_out_and_training
 
-    head_dir = resolve_head_path(head)
+    head_dir = local_head_path(head)
     head = load_head(head_dir)
     target = TargetModel.load(model)
     data = FeatureCache(features)

@@ -32,7 +32,7 @@ def main() -> None:
     folder = Path(args.features) if args.features else sorted((jetflow_home() / "features").iterdir())[0]
     target = TargetModel.load("smollm2-135m")
     data = FeatureCache(folder)
-    head = build_head(TrainConfig(num_layers=2, block_size=args.block_size), target, data.meta["spec"]["layer_ids"])
+    head = build_head(TrainConfig(num_hidden_layers=2, block_size=args.block_size), target, data.meta["spec"]["layer_ids"])
     torch.nn.init.constant_(head.norm.weight, args.final_norm_init)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr)
     seq = data[args.sequence]

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from jetflow.target import TargetModel
     from jetflow.train.monitor import tree_accepted_for_blocks
     from jetflow.train.trainer import block_forward
+    from jetflow.tree import TreeSpec
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     target = TargetModel.load(head.config.target_model_id)
     block = head.config.block_size
     decoder = Decoder(target, head)
-    cfg = DecodeConfig(budget=args.budget, width=args.width, algorithm="accum_logp", max_new_tokens=args.new_tokens)
+    tree = TreeSpec("accum_logp", args.budget, args.width)
+    cfg = DecodeConfig(tree=tree, max_new_tokens=args.new_tokens)
     for name in args.sets.split(","):
         committed = rounds = walk_committed = walk_rounds = 0
         every: list[int] = []
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 logits, labels = block_forward(head, target, {"tokens": torch.tensor(ids), "features": feats.half()},
                                                anchors)
-            accepted = tree_accepted_for_blocks(logits, labels, args.width, args.budget)
+            accepted = tree_accepted_for_blocks(logits, labels, tree)
             every += accepted
             for a, acc in zip(anchors.tolist(), accepted):
                 by_copy[copyable(ids, a)].append(acc + 1)

@@ -101,6 +101,7 @@ def check(args) -> int:
     import torch
     from jetflow.data import load_prompts
     from jetflow.decode import DecodeConfig, Decoder, encode_prompt, stop_token_ids
+    from jetflow.tree import TreeSpec
     from jetflow.head import DraftHead, HeadConfig, check_fits, load_head, save_head
     from jetflow.paths import jetflow_home
     from jetflow.target import TargetModel
@@ -133,7 +134,7 @@ def check(args) -> int:
     ours_ar, ours_spec, ours_tau = [], [], []
     for ids in prompts:
         a = ar.generate(ids, DecodeConfig(max_new_tokens=args.max_new_tokens))
-        s = spec.generate(ids, DecodeConfig(budget=k + 1, width=1, algorithm="chain",
+        s = spec.generate(ids, DecodeConfig(tree=TreeSpec("chain", k + 1),
                                             max_new_tokens=args.max_new_tokens))
         ours_ar.append(a.token_ids)
         ours_spec.append(s.token_ids)

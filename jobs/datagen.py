@@ -11,30 +11,31 @@ import dataclasses
 import json
 import sys
 
-from jetflow.config_cli import add_dataclass_args, overrides
+from jetflow.config_cli import add_dataclass_args, build_config, overrides, parse_args
 from jetflow.data.features import FeatureSpec, build_features
 from jetflow.data.regenerate import RegenConfig, regenerate
-from jetflow.errors import JetFlowError
-from jetflow.train.pipeline import PRESETS
+from jetflow.errors import InvalidSettingError, JetFlowError
+from jetflow.train.pipeline import PRESETS, DatagenJob
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="base settings (default demo)")
-    p.add_argument("--no-features", action="store_true", help="only regenerate; skip the feature cache")
-    p.add_argument("--feature-max-len", type=int, default=None, help="tokens per sequence in the feature cache")
-    add_dataclass_args(p, RegenConfig, "regeneration")
-    args = p.parse_args(argv)
+    add_dataclass_args(p, DatagenJob, "job")
+    add_dataclass_args(p, RegenConfig, "regeneration (override the preset)")
+    args = parse_args(p, argv)
     try:
-        base = PRESETS[args.preset]
+        job = build_config(DatagenJob, args)
+        if job.preset not in PRESETS:
+            raise InvalidSettingError(f"unknown preset {job.preset!r}; known: {', '.join(PRESETS)}")
+        base = PRESETS[job.preset]
         cfg = RegenConfig(**{**dataclasses.asdict(base.regen), **overrides(args, RegenConfig)})
         out = regenerate(cfg)
         print(json.dumps(json.loads((out / "manifest.json").read_text()), indent=2))
-        if not args.no_features:
+        if job.features:
             from jetflow.target import TargetModel
 
             target = TargetModel.load(cfg.model)
-            spec = FeatureSpec.for_target(target, base.train.num_taps, args.feature_max_len or base.features_max_len)
+            spec = FeatureSpec.for_target(target, base.train.num_taps, job.feature_max_len or base.features_max_len)
             print(build_features(out, target, spec))
     except JetFlowError as exc:
         print(f"datagen: error: {exc}", file=sys.stderr)

@@ -19,28 +19,26 @@ import json
 import sys
 from dataclasses import asdict
 
+from jetflow.config_cli import add_dataclass_args, build_config, parse_args
 from jetflow.errors import JetFlowError
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jetflow.tracking.promotion import PromoteJob
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m", help="target id whose registered heads to promote among")
-    p.add_argument("--version", required=True, help="challenger: a version number, or an alias (e.g. challenger)")
-    p.add_argument("--metric", default="speedup", choices=["speedup", "tau"],
-                   help="what the challenger must beat the champion on (default speedup vs AR)")
-    p.add_argument("--margin", type=float, default=0.02, help="relative margin, 0.02 = 2%% better (default 0.02)")
-    p.add_argument("--eval-sets", default="", help="comma-separated eval sets to compare on (default: all shared)")
-    p.add_argument("--json", action="store_true", help="print the decision as JSON")
-    args = p.parse_args(argv)
+    add_dataclass_args(p, PromoteJob, "promotion")
+    args = parse_args(p, argv)
     try:
         from jetflow.tracking import promote
 
-        sets = [s.strip() for s in args.eval_sets.split(",") if s.strip()] or None
-        decision = promote(args.target, args.version, metric=args.metric, margin=args.margin, eval_sets=sets)
+        job = build_config(PromoteJob, args)
+        decision = promote(job.target, job.version, metric=job.metric, margin=job.margin,
+                           eval_sets=job.eval_sets or None)
     except JetFlowError as exc:
         print(f"promote: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(asdict(decision), indent=2) if args.json else decision.summary())
+    print(json.dumps(asdict(decision), indent=2) if job.json else decision.summary())
     return 0 if decision.promoted or decision.champion_version == decision.challenger_version else 1
 
 

@@ -13,26 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jetflow.config_cli import add_dataclass_args, overrides
+from jetflow.config_cli import add_dataclass_args, build_config, overrides, parse_args
 from jetflow.errors import JetFlowError
 from jetflow.train.config import TrainConfig
-from jetflow.train.pipeline import PRESETS, run_pipeline
+from jetflow.train.pipeline import TrainJob, run_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="data + training sizes (default demo)")
-    p.add_argument("--model", default="smollm2-135m", help="target: bundled name, local folder or hub id")
-    p.add_argument("--workers", type=int, default=1, help="Ray Train workers")
-    p.add_argument("--no-ray", action="store_true", help="train in this process instead of a Ray Train worker")
-    p.add_argument("--features", default="cache", choices=("cache", "online"),
-                   help="cache: tapped features stored once under $JETFLOW_HOME/features (shared by sweep trials); "
-                        "online: computed on the fly each epoch (no feature disk; one target forward per sequence)")
+    add_dataclass_args(p, TrainJob, "job")
     add_dataclass_args(p, TrainConfig, "training (override the preset)")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     try:
-        out = run_pipeline(args.preset, name=args.name, model=args.model, use_ray=not args.no_ray,
-                           workers=args.workers, features=args.features, train_overrides=overrides(args, TrainConfig, skip=("name",)))
+        job = build_config(TrainJob, args)
+        out = run_pipeline(job.preset, name=args.name, model=job.model, use_ray=job.ray, workers=job.workers,
+                           features=job.features, train_overrides=overrides(args, TrainConfig, skip=("name",)))
     except JetFlowError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Run the JetFlow OpenAI-compatible endpoint in the foreground; Ctrl-C stops it cleanly.
 
     python serve/app.py                                  # 127.0.0.1:8000: the champion head, else plain decoding
-    python serve/app.py --head ~/.jetflow/heads/demo --budget 8
+    python serve/app.py --head ~/.jetflow/heads/demo --budget 8 --algorithm top2gap:margin=1.5
     python serve/app.py --help                           # every option, with defaults
     serve run serve.app:app                              # the same application (defaults) via Ray's CLI
     serve run jetflow.serving.app:build_app head=random  # builder args as key=value
@@ -19,6 +19,7 @@ import time
 
 from pydantic import ValidationError
 
+from jetflow.config_cli import parse_args
 from jetflow.serving.app import build_app
 from jetflow.serving.config import ServeConfig, add_arguments, from_arguments
 
@@ -32,13 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080)")
     add_arguments(p)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     try:
         cfg = from_arguments(args)
     except ValidationError as exc:
         err = exc.errors()[0]
-        print(f"serve: error: --{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}",
-              file=sys.stderr)
+        option = "-".join(str(x) for x in err["loc"]).replace("_", "-")
+        message = err["msg"].removeprefix("Value error, ")
+        print(f"serve: error: {f'--{option}: ' if option else ''}{message}", file=sys.stderr)
         return 2
 
     from jetflow.errors import JetFlowError

@@ -3,12 +3,12 @@ feature cache, ASHA stopping the weak ones early on held-out simulated tree τ; 
 held-out prompts, registered, and the best aliased `challenger` (jobs/promote.py decides on champion).
 
     python sweeps/arch.py                                         # causal × layers × lr on the demo data
-    python sweeps/arch.py --search causal=true,false block_size=8,16 loss=fkl,ce --max-steps 200
-    python sweeps/arch.py --search max_sequences=64,128,256       # τ against data size
+    python sweeps/arch.py --block-size 8,16 --loss fkl,ce --max-steps 200
+    python sweeps/arch.py --max-sequences 64,128,256 --causal true --num-hidden-layers 1 --lr 1e-3
     ray job submit --working-dir . -- python sweeps/arch.py --use-gpu true --workers-per-trial 2
 
-Searchable (NAME=v1,v2,...): num_layers, block_size, num_taps, causal, loss, gamma, lr, max_sequences,
-draft_vocab, anchor_shortcut, depth_embedding. An interrupted sweep resumes when rerun with the same --name.
+Each searched option takes comma-separated choices (the grid is their product); give one value to fix an
+option the default search varies. An interrupted sweep resumes when rerun with the same --name.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jetflow.config_cli import add_dataclass_args, overrides
+from jetflow.config_cli import add_dataclass_args, build_config, parse_args
 from jetflow.errors import JetFlowError
 from jetflow.sweeps.arch import ArchSweepConfig, run_arch_sweep, summary_table
 
@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     add_dataclass_args(p, ArchSweepConfig, "sweep")
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     try:
-        cfg = ArchSweepConfig(**overrides(args, ArchSweepConfig))
+        cfg = build_config(ArchSweepConfig, args)
         out = run_arch_sweep(cfg, ray_address=args.ray_address)
     except JetFlowError as exc:
         print(f"arch sweep: error: {exc}", file=sys.stderr)

@@ -46,7 +46,7 @@ class OracleDecoder(Decoder):
         self.rng = random.Random(seed)
 
     def draft(self, state, cfg):
-        vocab, w = self.target.vocab_size, cfg.width
+        vocab, w = self.target.vocab_size, cfg.tree.width
         vals, toks = [], []
         for k in range(1, self.head.config.depth + 1):
             pos = state.past + k

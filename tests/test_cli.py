@@ -147,9 +147,24 @@ def test_unknown_model_exits_2_with_one_error_line_and_no_traceback():
     assert "cannot load target" in line
 
 
-@pytest.mark.parametrize("option", ["--budget", "--width", "--max-new-tokens"])
-def test_zero_budget_width_or_length_is_refused_by_the_argument_parser(option):
-    assert_argument_error(jetflow("generate", option, "0", PROMPT), option)
+@pytest.mark.parametrize("option, message", [("--budget", "budget must be an integer in 1..4096"),
+                                             ("--width", "width must be an integer in 1..1024"),
+                                             ("--max-new-tokens", "max_new_tokens must be >= 1")])
+def test_zero_budget_width_or_length_exits_2_in_one_line(capfd, no_target_load, option, message):
+    assert_user_error(jetflow_in_process(capfd, "generate", option, "0", PROMPT), message)
+
+
+def test_a_non_integer_budget_is_refused_by_the_argument_parser():
+    assert_argument_error(jetflow("generate", "--budget", "eight", PROMPT), "--budget")
+
+
+def test_a_bare_boolean_flag_leaves_the_prompt_to_the_prompt_argument(capfd, monkeypatch):
+    monkeypatch.setattr(cli, "cmd_generate", lambda args: print(f"{args.prompt!r} {args.json}") or 0)
+    assert jetflow_in_process(capfd, "generate", "--json", "What is 2+2?").stdout == "'What is 2+2?' True\n"
+    assert jetflow_in_process(capfd, "generate", "--json", "false", "hi").stdout == "'hi' False\n"
+    assert jetflow_in_process(capfd, "generate", "--no-json", "hi").stdout == "'hi' False\n"
+    refused = jetflow_in_process(capfd, "generate", "--json", "yes please", "hi")  # no PROMPT slot left for it
+    assert refused.returncode == 2 and "expected true/false" in refused.stderr
 
 
 def test_missing_head_path_exits_2_before_loading_the_target(capfd, tmp_path, no_target_load):

@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from jetflow.tree import TreeSpec
 from jetflow.data import load_prompts
 from jetflow.decode import DecodeConfig, Decoder, encode_prompt
 from jetflow.head import DraftHead, HeadConfig
@@ -67,7 +68,7 @@ def _settings():
 @pytest.mark.parametrize("causal,algorithm,budget,prompt_ids", _settings())
 def test_tree_decode_is_token_identical_to_greedy(smollm, references, heads, causal, algorithm, budget, prompt_ids):
     decoder = Decoder(smollm, heads[causal])
-    cfg = DecodeConfig(budget=budget, width=7, algorithm=algorithm, max_new_tokens=NEW_TOKENS)
+    cfg = DecodeConfig(tree=TreeSpec(algorithm, budget, width=7), max_new_tokens=NEW_TOKENS)
     for i in prompt_ids:
         ids, expected = references[i]
         result = decoder.generate(ids, cfg)
@@ -92,7 +93,7 @@ def test_deep_and_off_spine_acceptance_stays_token_identical(smollm, references,
     for i in (1, 6):
         ids, expected = references[i]
         decoder = OracleDecoder(smollm, heads[True], reference=ids + expected, seed=i)
-        result = decoder.generate(ids, DecodeConfig(budget=budget, algorithm=algorithm, max_new_tokens=NEW_TOKENS))
+        result = decoder.generate(ids, DecodeConfig(tree=TreeSpec(algorithm, budget), max_new_tokens=NEW_TOKENS))
         assert result.token_ids == expected, f"diverged at {_first_diff(result.token_ids, expected)}"
         assert result.stats.tau > 2.0, "the oracle should make rounds accept several tokens"
         if algorithm != "chain":
@@ -114,7 +115,7 @@ def test_a_copy_head_drafts_from_its_context_through_the_real_decoder_and_stays_
     rounds_over_2 = 0
     for i in (5, 6):  # HumanEval
         ids, expected = references[i]
-        result = decoder.generate(ids, DecodeConfig(budget=32, width=7, max_new_tokens=NEW_TOKENS))
+        result = decoder.generate(ids, DecodeConfig(tree=TreeSpec(budget=32, width=7), max_new_tokens=NEW_TOKENS))
         assert result.token_ids == expected, f"diverged at {_first_diff(result.token_ids, expected)}"
         rounds_over_2 += sum(c > 2 for c in result.stats.committed_per_round)
     assert rounds_over_2 >= 3, "the copy candidates should carry some rounds past depth 2"

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from jetflow.tree import TreeSpec
 from jetflow.data.vocab import build_draft_vocab, coverage
 from jetflow.decode import DecodeConfig, Decoder
 from jetflow.errors import InvalidSettingError
@@ -89,13 +90,13 @@ def test_a_draft_vocab_head_round_trips_through_its_checkpoint(tiny, tmp_path):
 def test_tree_decoding_with_a_draft_vocab_head_is_token_identical_to_greedy(tiny, budget):
     head = _head(tiny, size=64)
     prompt = torch.randint(1, 127, (12,), generator=torch.Generator().manual_seed(budget)).tolist()
-    ar = Decoder(tiny).generate(prompt, DecodeConfig(budget=1, max_new_tokens=40))
-    spec = Decoder(tiny, head).generate(prompt, DecodeConfig(budget=budget, width=3, max_new_tokens=40))
+    ar = Decoder(tiny).generate(prompt, DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=40))
+    spec = Decoder(tiny, head).generate(prompt, DecodeConfig(tree=TreeSpec(budget=budget, width=3), max_new_tokens=40))
     assert spec.token_ids == ar.token_ids
     decoder = Decoder(tiny, head)
     with torch.inference_mode():
-        state = decoder._prefill(prompt, DecodeConfig(budget=budget))
-        _, top_ids = decoder.draft(state, DecodeConfig(budget=budget, width=3))
+        state = decoder._prefill(prompt, DecodeConfig(tree=TreeSpec(budget=budget)))
+        _, top_ids = decoder.draft(state, DecodeConfig(tree=TreeSpec(budget=budget, width=3)))
     drafted = {t for row in top_ids for t in row}
     assert drafted and drafted <= set(head.draft_vocab.tolist())  # drafts are target ids from the subset
 

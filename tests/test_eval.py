@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from jetflow.errors import InvalidSettingError
-from jetflow.eval import CostCurve, EvalConfig, EvalHead, evaluate, measure_verify_curve
+from jetflow.eval import CostCurve, EvalConfig, evaluate, measure_verify_curve
 from jetflow.eval.compare import Setting, settings_for
 from jetflow.eval.cost_model import time_verify
 from jetflow.eval.table import report_markdown, rows_table
-from jetflow.head import DraftHead, HeadConfig, save_head
+from jetflow.head import DraftHead, HeadConfig, HeadRef, LoadedHead, save_head
 from tests.conftest import tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW_KEYS = {"dataset", "method", "algorithm", "budget", "width", "temperature", "tau", "tokens_per_s",
+ROW_KEYS = {"dataset", "method", "algorithm", "budget", "width", "temperature", "tree", "tau", "tokens_per_s",
             "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "predicted_speedup", "lossless", "draft_ms",
             "verify_ms", "other_ms"}
 # One intra-op thread: on a small shared machine OpenMP threads spinning against other work make short
@@ -133,13 +133,14 @@ def test_hf_baselines_run_on_our_prompt_ids_and_count_their_forwards(one_thread)
     ({"sets": ["no-such-set"]}, "unknown prompt set 'no-such-set'"),
     ({"sets": ["sharegpt"]}, "no held-out eval split"),
     ({"sets": []}, "sets"),
-    ({"budgets": [0]}, "budgets"),
+    ({"budgets": [0]}, "budget must be an integer in 1..4096"),
     ({"budgets": [8, 5000]}, "1..4096"),
-    ({"budgets": [8.5]}, "budgets"),
-    ({"widths": [0]}, "widths"),
+    ({"budgets": [8.5]}, "budget must be"),
+    ({"widths": [0]}, "width must be"),
     ({"algorithms": ["beam"]}, "unknown tree algorithm"),
-    ({"temperatures": [-0.5]}, "temperatures"),
-    ({"temperatures": [math.inf]}, "temperatures"),
+    ({"algorithms": ["top2gap:gap=1"]}, "no parameter"),
+    ({"temperatures": [-0.5]}, "temperature"),
+    ({"temperatures": [math.inf]}, "temperature"),
     ({"prompts_per_set": 0}, "prompts_per_set"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"prompt_lookup_num_tokens": 0}, "prompt_lookup_num_tokens"),
@@ -158,26 +159,28 @@ def test_eval_config_normalizes_lists_and_accepts_jsonl_files(tmp_path):
     assert cfg.params()["budgets"] == "8,32" and cfg.params()["temperatures"] == "0,0.7"
 
 
-def test_settings_name_bidirectional_heads_and_cap_chains_at_the_block_size():
-    from jetflow.tracking.report import parse_metric_key
+def test_settings_name_the_head_kind_carry_tree_specs_and_cap_chains_at_the_block_size():
+    from jetflow.metrics import parse_metric_key
+    from jetflow.tree import TreeSpec
 
     target = tiny_target("llama")
-    causal = EvalHead(DraftHead(HeadConfig.for_target(target, num_hidden_layers=1, block_size=8)))
-    bidir = EvalHead(DraftHead(HeadConfig.for_target(target, num_hidden_layers=1, block_size=8, causal=False)))
-    cfg = EvalConfig(budgets=[4, 32, 64], widths=[3, 7], algorithms=["chain", "top2gap"], temperatures=[0, 0.7])
+    causal = LoadedHead(DraftHead(HeadConfig.for_target(target, num_hidden_layers=1, block_size=8)), HeadRef.parse("random"))
+    bidir = LoadedHead(DraftHead(HeadConfig.for_target(target, num_hidden_layers=1, block_size=8, causal=False)),
+                       HeadRef.parse("random-bidirectional"))
+    cfg = EvalConfig(budgets=[4, 32, 64], widths=[3, 7], algorithms=["chain", "top2gap:margin=1.5"],
+                     temperatures=[0, 0.7])
     settings = settings_for(cfg, [causal, bidir])
     assert len(settings) == len(set(settings))
-    chains = [s for s in settings if s.method == "chain" and s.temperature == 0]
-    assert [(s.budget, s.width) for s in chains] == [(4, 1), (8, 1)]  # 32 and 64 collapse onto the block
-    methods = {s.method for s in settings}
-    assert methods == {"ar", "hf_generate", "hf_prompt_lookup", "chain", "tree", "chain_bidirectional",
-                       "tree_bidirectional"}
-    key = Setting("tree_bidirectional", "top2gap", 32, 7, 0.7, 1).key("mtbench")
-    assert key == "mtbench/tree_bidirectional_top2gap/b32w7t0.7"
-    parsed = parse_metric_key(f"tau/{key}")  # the tracking side reads our keys back
-    assert (parsed.dataset, parsed.method, parsed.budget, parsed.width, parsed.temperature) == (
-        "mtbench", "tree_bidirectional_top2gap", 32, 7, 0.7)
-    assert Setting("ar", None, 1, 1, 0.0).key("humaneval") == "humaneval/ar/b1w1t0"
+    chains = [s for s in settings if s.method == "causal" and s.tree.is_chain and s.temperature == 0]
+    assert [(s.tree.budget, s.tree.width) for s in chains] == [(4, 1), (8, 1)]  # 32 and 64 collapse onto the block
+    assert {s.method for s in settings} == {"ar", "hf_generate", "hf_prompt_lookup", "causal", "bidirectional"}
+    spec = TreeSpec("top2gap", 32, 7, {"margin": 1.5})
+    setting = next(s for s in settings if s.method == "bidirectional" and s.tree == spec and s.temperature == 0.7)
+    key = setting.key("tau", "mtbench")
+    assert key == "tau/mtbench/bidirectional/top2gap.margin1.5-b32w7-t0.7"
+    parsed = parse_metric_key(key)  # the tracking side reads our keys back, the algorithm's parameters too
+    assert (parsed.dataset, parsed.method, parsed.tree, parsed.temperature) == ("mtbench", "bidirectional", spec, 0.7)
+    assert settings[0].key("speedup_vs_ar", "humaneval") == "speedup_vs_ar/humaneval/ar/t0"
     with pytest.raises(InvalidSettingError, match="at most one causal"):
         evaluate(target, [causal, causal], cfg)
 
@@ -188,7 +191,7 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
     from jetflow.tracking import parse_metric_key, validate_report
 
     torch.manual_seed(0)
-    head = EvalHead(DraftHead(HeadConfig.for_target(smollm)), name="random")
+    head = LoadedHead(DraftHead(HeadConfig.for_target(smollm)), HeadRef.parse("random"))
     cfg = EvalConfig(prompts_per_set=1, max_new_tokens=12, budgets=[4], curve_repeats=1, context_tokens=32)
     report = evaluate(smollm, [head], cfg)
 
@@ -199,7 +202,7 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
 
     rows = report["rows"]
     assert {(r["dataset"], r["method"]) for r in rows} == {
-        (ds, m) for ds in ("mtbench", "humaneval") for m in ("ar", "hf_generate", "hf_prompt_lookup", "chain", "tree")}
+        (ds, m) for ds in ("mtbench", "humaneval") for m in ("ar", "hf_generate", "hf_prompt_lookup", "causal")}
     for r in rows:
         assert ROW_KEYS <= r.keys(), ROW_KEYS - r.keys()
         assert r["lossless"] is True, r                     # every greedy output equals our AR's (AR: HF's)
@@ -210,19 +213,20 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
             assert r["draft_ms"] < 0.1 * r["verify_ms"]        # no head: only the root-only tree
         if r["method"] == "hf_generate":
             assert r["speedup_vs_hf"] == 1.0 and r["tau"] == 1.0
-        if r["method"] in ("chain", "tree"):
+        if r["method"] == "causal":
             assert r["budget"] == 4 and r["predicted_speedup"] > 0 and r["draft_ms"] > 0
-            assert r["algorithm"] == {"chain": "chain", "tree": "accum_logp"}[r["method"]]
+            assert r["algorithm"] in ("chain", "accum_logp") and r["tree"]["budget"] == 4
     assert report["metrics"]["lossless"] == 1.0
-    assert report["metrics"]["speedup_vs_ar/mtbench/ar/b1w1t0"] == 1.0
-    assert "tau/humaneval/tree/b4w7t0" in report["metrics"] and "tau/humaneval/chain/b4w1t0" in report["metrics"]
+    assert report["metrics"]["speedup_vs_ar/mtbench/ar/t0"] == 1.0
+    assert "tau/humaneval/causal/accum_logp-b4w7-t0" in report["metrics"]
+    assert "tau/humaneval/causal/chain-b4w1-t0" in report["metrics"]
     assert all(parse_metric_key(k) is not None for k in report["metrics"] if k != "lossless")
 
     depth = head.head.config.depth
-    accept = report["step_metrics"]["accept_by_depth/mtbench/tree/b4w7t0"]
+    accept = report["step_metrics"]["accept_by_depth/mtbench/causal/accum_logp-b4w7-t0"]
     assert len(accept) == depth and all(0.0 <= a <= 1.0 for a in accept)
     assert accept == sorted(accept, reverse=True)           # reaching depth d+1 implies reaching d
-    assert "mtbench/chain/b4w1t0" in report["rank_acceptance"]
+    assert "mtbench/causal/chain-b4w1-t0" in report["rank_acceptance"]
     assert report["cost_model"]["n"] == [1, 4] and report["cost_model"]["context_tokens"] == 32
 
     table = rows_table(rows)
@@ -268,12 +272,13 @@ def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target
     (["--head", "no-such-head-name"], ["no-such-head-name"]),
     (["--head", "no-such-head-name"], ["no-such-head-name"]),
     (["--sets", "mtbench,nope"], ["unknown prompt set 'nope'"]),
-    (["--budgets", "0"], ["budgets", "1..4096"]),
-    (["--budgets", "8,5000"], ["budgets", "1..4096"]),
+    (["--budgets", "0"], ["budget must be an integer in 1..4096"]),
+    (["--budgets", "8,5000"], ["budget must be an integer in 1..4096"]),
     (["--budgets", "eight"], ["--budgets", "'eight'"]),
-    (["--widths", "0"], ["widths"]),
+    (["--widths", "0"], ["width must be"]),
     (["--algorithms", "beam"], ["unknown tree algorithm"]),
-    (["--temperatures", "-1"], ["temperatures"]),
+    (["--temperatures", "-1"], ["temperature"]),
+    (["--baselines", "maybe"], ["true/false"]),
     (["--prompts", "x"], ["--prompts"]),
     (["--no-such-option"], ["--no-such-option"]),
     (["--head", "random-bidirectional"], ["pass it as --bidirectional-head"]),
@@ -330,9 +335,9 @@ def test_evaluate_job_writes_the_report_and_logs_it_to_mlflow(smollm, tmp_path):
                           "--no-baselines", "--no-cost-model", "--out", str(out), "--run-name", "eval-test",
                           env=env, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "| humaneval | tree_bidirectional | accum_logp | 4 |" in result.stdout
+    assert "| humaneval | bidirectional | accum_logp | 4 |" in result.stdout
     report = json.loads(out.read_text())
-    assert {r["method"] for r in report["rows"]} == {"ar", "tree_bidirectional"}
+    assert {r["method"] for r in report["rows"]} == {"ar", "bidirectional"}
     assert report["cost_model"] is None and report["metrics"]["lossless"] == 1.0
     assert report["head"]["path"] == str(folder) and report["head"]["provenance"] == {"command": "test"}
     assert report["head"]["config"]["causal"] is False
@@ -341,7 +346,7 @@ def test_evaluate_job_writes_the_report_and_logs_it_to_mlflow(smollm, tmp_path):
                               filter_string="attributes.run_name = 'eval-test'")
     assert len(runs) == 1
     logged = runs[0].data.metrics
-    assert logged["tau/humaneval/tree_bidirectional/b4w7t0"] == pytest.approx(
-        report["metrics"]["tau/humaneval/tree_bidirectional/b4w7t0"])
+    assert logged["tau/humaneval/bidirectional/accum_logp-b4w7-t0"] == pytest.approx(
+        report["metrics"]["tau/humaneval/bidirectional/accum_logp-b4w7-t0"])
     assert logged["lossless"] == 1.0
     assert runs[0].data.params["budgets"] == "4"

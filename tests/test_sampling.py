@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from jetflow.decode.sampling import DecodeConfig, target_probs
 from jetflow.errors import InvalidSettingError
-from jetflow.tree import TREE_BUILDERS
+from jetflow.tree import TREE_BUILDERS, TreeSpec
 
 FAST = settings(max_examples=60, deadline=None)
 SUM_TOL = 1e-5
@@ -189,7 +189,10 @@ def test_decode_config_rejects_out_of_range_settings_with_invalid_setting_error(
     name, value = bad
     message = "unknown tree algorithm" if name == "algorithm" else name
     with pytest.raises(InvalidSettingError, match=message):
-        DecodeConfig(**{name: value})
+        if name in ("algorithm", "budget", "width"):
+            DecodeConfig(tree=TreeSpec(**{name: value}))  # a tree setting is validated by TreeSpec, once
+        else:
+            DecodeConfig(**{name: value})
 
 
 @FAST
@@ -202,10 +205,10 @@ def test_decode_config_rejects_out_of_range_settings_with_invalid_setting_error(
     top_k=st.integers(0, 1000),
 )
 def test_decode_config_accepts_every_in_range_setting(budget, width, algorithm, temperature, top_p, top_k):
-    cfg = DecodeConfig(budget=budget, width=width, algorithm=algorithm, temperature=temperature, top_p=top_p, top_k=top_k)
+    cfg = DecodeConfig(tree=TreeSpec(algorithm, budget, width=width), temperature=temperature, top_p=top_p, top_k=top_k)
     assert cfg.greedy == (temperature == 0)
 
 
 def test_invalid_setting_error_is_a_value_error():
     with pytest.raises(ValueError):
-        DecodeConfig(budget=0)
+        DecodeConfig(tree=TreeSpec(budget=0))

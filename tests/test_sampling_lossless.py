@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from jetflow.tree import TreeSpec
 from jetflow.decode import DecodeConfig, Decoder, target_probs
 from jetflow.head import DraftHead, HeadConfig
 from tests.conftest import tiny_target
@@ -67,8 +68,7 @@ def test_speculative_sampling_matches_the_exact_target_distribution(temperature,
     samples: Counter = Counter()
     accepted_drafts = 0
     for seed in range(RUNS):
-        cfg = DecodeConfig(budget=budget, width=4, temperature=temperature, top_k=top_k, top_p=top_p,
-                           max_new_tokens=2, seed=seed)
+        cfg = DecodeConfig(tree=TreeSpec(budget=budget, width=4), temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=2, seed=seed)
         result = decoder.generate(PROMPT, cfg)
         samples[tuple(result.token_ids)] += 1
         accepted_drafts += sum(d * c for d, c in result.stats.accepted_depths.items())

@@ -29,9 +29,11 @@ from jetflow.decode import DecodeConfig, Decoder
 from jetflow.serving.config import ServeConfig
 from jetflow.serving.engine import TextStream
 from jetflow.serving.schema import ChatCompletionRequest, CompletionRequest
+from jetflow.tree import TreeSpec
 
 TARGET = "smollm2-135m"
-TREE = {"algorithm": "accum_logp", "budget": 4, "width": 3}   # stored on the champion version
+# stored on the champion version: an algorithm with a parameter (the sweep may pick any; Serve must serve it)
+TREE = TreeSpec("top2gap", 4, 3, {"margin": 1.5})
 MAX_NEW = 10
 CAP = 48                                                        # the apps' max_tokens
 MAX_PROMPT = 200
@@ -140,7 +142,7 @@ def test_models_lists_the_target_served_with_the_champion_head_and_its_stored_tr
     assert card.id == TARGET
     info = card.model_extra["jetflow"]
     assert info["speculative"] is True and info["head"] == served.champion
-    assert info["tree"] == TREE and info["note"] is None
+    assert info["tree"] == TREE.to_dict() and info["note"] is None
 
 
 @pytest.mark.slow
@@ -153,7 +155,7 @@ def test_chat_completion_greedy_is_identical_to_the_decoder(served, ar):
     assert reply.usage.completion_tokens == len(ref.token_ids)
     assert reply.usage.prompt_tokens == ref.stats.prompt_tokens
     stats = reply.usage.model_extra["jetflow"]
-    assert stats["speculative"] is True and stats["head"] == served.champion and stats["tree"] == TREE
+    assert stats["speculative"] is True and stats["head"] == served.champion and stats["tree"] == TREE.to_dict()
     assert stats["rounds"] >= 1 and stats["tau"] == pytest.approx(len(ref.token_ids) / stats["rounds"], abs=1e-3)
 
 
@@ -425,9 +427,12 @@ def test_requests_are_validated_like_openai_does():
 
 
 def test_serve_config_refuses_inconsistent_or_unknown_settings():
-    assert ServeConfig.model_validate({"budget": "8", "max_replicas": "2"}).budget == 8   # `serve run` k=v strings
+    cfg = ServeConfig.model_validate({"budget": "8", "max_replicas": "2"})   # `serve run` k=v strings
+    assert cfg.tree == TreeSpec(budget=8)
+    assert ServeConfig.model_validate(cfg.model_dump()) == cfg              # what a replica receives
+    assert ServeConfig.model_validate({"tree": TREE.to_dict()}).tree == TREE  # serve/config.yaml's form
     for bad in ({"min_replicas": 3, "max_replicas": 2}, {"default_max_tokens": 600}, {"budget": 0},
-                {"algorithm": "no-such-tree"}, {"replicas": 2}):
+                {"algorithm": "no-such-tree"}, {"replicas": 2}, {"tree": {"budget": 8}, "width": 3}):
         with pytest.raises(ValidationError):
             ServeConfig.model_validate(bad)
 

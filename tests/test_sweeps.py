@@ -20,7 +20,9 @@ import torch
 import yaml
 
 from jetflow.errors import InvalidSettingError
-from jetflow.sweeps.budget import BudgetSweepConfig, pick_best, run_budget_sweep, trial_metrics
+from jetflow.main_job import MainJobConfig, run_main_job
+from jetflow.sweeps.budget import BudgetSweepConfig, pick_best, trial_metrics
+from jetflow.tree import TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,19 +41,21 @@ def test_cluster_yaml_passes_rays_own_cluster_config_validator():
 
 
 def test_sweep_config_is_validated_and_chains_ignore_width():
-    cfg = BudgetSweepConfig(budgets=[8, 2], widths=[3, 7], algorithms=["accum_logp", "chain"])
-    settings = cfg.settings()
-    assert [s for s in settings if s["algorithm"] == "chain"] == [
-        {"algorithm": "chain", "budget": b, "width": 1, "temperature": 0.0} for b in (2, 8)]
-    assert len([s for s in settings if s["algorithm"] == "accum_logp"]) == 4
+    cfg = BudgetSweepConfig(budgets=[8, 2], widths=[3, 7], algorithms=["accum_logp", "chain", "top2gap:margin=1"])
+    trees = [TreeSpec.from_dict(s["tree"]) for s in cfg.settings()]
+    assert [t for t in trees if t.is_chain] == [TreeSpec("chain", b, 1) for b in (2, 8)]
+    assert len([t for t in trees if t.algorithm == "accum_logp"]) == 4
+    assert {t.params for t in trees if t.algorithm == "top2gap"} == {(("margin", 1.0),)}  # parameters travel
     # a chain of a block-16 head has at most 16 nodes: budgets 32 and 64 would repeat budget 16
     wide = BudgetSweepConfig(budgets=[8, 16, 32, 64], algorithms=["accum_logp", "chain"]).settings(block_size=16)
-    assert [s["budget"] for s in wide if s["algorithm"] == "chain"] == [8, 16]
-    assert [s["budget"] for s in wide if s["algorithm"] == "accum_logp"] == [8, 16, 32, 64]
+    assert [s["tree"]["budget"] for s in wide if s["tree"]["algorithm"] == "chain"] == [8, 16]
+    assert [s["tree"]["budget"] for s in wide if s["tree"]["algorithm"] == "accum_logp"] == [8, 16, 32, 64]
     for bad in (dict(budgets=[0]), dict(budgets=[5000]), dict(select="latency"), dict(storage="relative/dir"),
                 dict(algorithms=["beam"]), dict(sets=["sharegpt"])):
         with pytest.raises(InvalidSettingError):
             BudgetSweepConfig(**bad)
+    with pytest.raises(InvalidSettingError, match="preset"):
+        MainJobConfig(preset="huge")
 
 
 def test_best_is_the_fastest_lossless_trial():
@@ -63,7 +67,7 @@ def test_best_is_the_fastest_lossless_trial():
 
 
 def test_trial_metrics_average_the_speculative_rows_over_sets():
-    row = dict(method="tree", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
+    row = dict(method="causal", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
                lossless=True)
     report = {"rows": [row, {**row, "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
                        {"method": "ar", "tokens_per_s": 8.0}]}
@@ -102,13 +106,14 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
     from jetflow.tracking.store import client
 
     name, version, _ = registered_head
-    cfg = BudgetSweepConfig(head=f"models:/{name}/{version}", budgets=[2, 3], widths=[2],
-                            algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=1,
-                            max_new_tokens=4, storage=str(store / "tune"), name="budget-test")
+    cfg = MainJobConfig(head=f"models:/{name}/{version}", sweep=BudgetSweepConfig(
+        budgets=[2, 3], widths=[2], algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=1,
+        max_new_tokens=4, storage=str(store / "tune"), name="budget-test"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        out = run_budget_sweep(cfg)
-        assert len(out.rows) == 4  # 2 tree + 2 chain settings, each a finished trial
+        job = run_main_job(cfg)
+        out = job.sweep
+        assert len(out.rows) == 4 and job.stored and not job.trained  # 2 tree + 2 chain settings
         children = client().search_runs([r.info.experiment_id for r in [client().get_run(out.parent_run_id)]],
                                         f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")
         assert len(children) == 4
@@ -119,12 +124,12 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
             assert taus and all(run.data.metrics[k] >= 1.0 for k in taus)
             assert run.data.params["budgets"] in ("2", "3") and run.data.metrics["lossless"] == 1.0
         best = max(out.rows, key=lambda r: r["speedup"])
-        stored = json.loads(client().get_model_version(name, version).tags[TREE_CONFIG_TAG])
-        assert stored == {"algorithm": best["algorithm"], "budget": best["budget"], "width": best["width"]}
+        stored = TreeSpec.from_json(client().get_model_version(name, version).tags[TREE_CONFIG_TAG])
+        assert stored == out.best_tree == TreeSpec(best["algorithm"], best["budget"], best["width"])
         assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])
 
         # rerun with the same name: Tune restores the finished experiment, no trial runs again
-        again = run_budget_sweep(cfg)
+        again = run_main_job(cfg).sweep
         assert again.parent_run_id == out.parent_run_id
         assert len(client().search_runs([children[0].info.experiment_id],
                                         f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")) == 4
@@ -182,17 +187,31 @@ def test_ray_job_submit_runs_the_budget_sweep_on_a_local_cluster_it_starts_and_s
 
 # --------------------------------------------------------------------------- architecture sweep
 def test_arch_search_options_are_typed_and_validated():
-    from jetflow.sweeps.arch import ArchSweepConfig, parse_choices
+    from jetflow.sweeps.arch import ArchSearch, ArchSweepConfig
 
-    assert parse_choices("causal=true,false") == ("causal", [True, False])
-    assert parse_choices("lr=6e-4,1e-3") == ("lr", [6e-4, 1e-3])
-    for bad in ("depth=1,2", "lr=fast", "causal=maybe", "num_layers="):
-        with pytest.raises(InvalidSettingError):
-            parse_choices(bad)
-    with pytest.raises(InvalidSettingError, match="num_layers"):  # a choice TrainConfig rejects
-        ArchSweepConfig(search=["num_layers=2,99"])
+    assert ArchSweepConfig().space == {"num_hidden_layers": [1, 2], "causal": [True, False], "lr": [6e-4, 2e-3]}
+    one = ArchSweepConfig(search=ArchSearch(num_hidden_layers=[], lr=[], causal=[True, False, True]))
+    assert one.space == {"causal": [True, False]}
+    with pytest.raises(InvalidSettingError, match="num_hidden_layers"):  # a choice TrainConfig rejects
+        ArchSweepConfig(search=ArchSearch(num_hidden_layers=[2, 99]))
+    with pytest.raises(InvalidSettingError, match="at least one searched option"):
+        ArchSweepConfig(search=ArchSearch(num_hidden_layers=[], causal=[], lr=[]))
     with pytest.raises(InvalidSettingError, match="preset"):
         ArchSweepConfig(preset="huge")
+
+
+def test_arch_sweep_command_line_takes_comma_separated_choices_per_option():
+    import argparse
+
+    from jetflow.config_cli import add_dataclass_args, build_config, parse_args
+    from jetflow.sweeps.arch import ArchSweepConfig
+
+    p = argparse.ArgumentParser()
+    add_dataclass_args(p, ArchSweepConfig, "sweep")
+    cfg = build_config(ArchSweepConfig, parse_args(p, ["--causal", "true", "--block-size", "8,16", "--lr", "1e-3"]))
+    assert cfg.space == {"num_hidden_layers": [1, 2], "block_size": [8, 16], "causal": [True], "lr": [1e-3]}
+    with pytest.raises(InvalidSettingError, match="--causal takes comma-separated bool values"):
+        build_config(ArchSweepConfig, parse_args(p, ["--causal", "maybe"]))
 
 
 @pytest.mark.slow
@@ -201,7 +220,7 @@ def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_
     import ray
 
     from jetflow.paths import models_dir
-    from jetflow.sweeps.arch import ArchSweepConfig, run_arch_sweep
+    from jetflow.sweeps.arch import ArchSearch, ArchSweepConfig, run_arch_sweep
     from jetflow.tracking import CHALLENGER, registered_model_name
     from jetflow.tracking.store import client
 
@@ -209,7 +228,8 @@ def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_
     monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "models").symlink_to(real_models)  # the converted target, not a second copy
-    cfg = ArchSweepConfig(preset="smoke", search=["causal=true,false"], max_steps=4, eval_every=2, grace_steps=2,
+    cfg = ArchSweepConfig(preset="smoke", search=ArchSearch(num_hidden_layers=[], lr=[]), max_steps=4, eval_every=2,
+                          grace_steps=2,
                           finalists=1, eval_prompts=1, eval_new_tokens=8, name="arch-test")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"JETFLOW_HOME": str(tmp_path)}})

@@ -9,7 +9,7 @@ from jetflow.decode import DecodeConfig, Decoder, encode_prompt
 from jetflow.errors import PromptTooLongError, UnknownModelError
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.target import TargetModel
-from jetflow.tree import build_tree
+from jetflow.tree import TreeSpec, build_tree
 from tests.conftest import OracleDecoder, tiny_target
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -21,10 +21,10 @@ def _tree_and_prefix(target: TargetModel, prompt_ids: list[int], budget: int, se
     torch.manual_seed(seed)
     head = DraftHead(HeadConfig.for_target(target, block_size=8))
     decoder = Decoder(target, head)
-    cfg = DecodeConfig(budget=budget, width=4)
+    cfg = DecodeConfig(tree=TreeSpec(budget=budget, width=4))
     state = decoder._prefill(prompt_ids, cfg)
     top_v, top_i = decoder.draft(state, cfg)
-    return build_tree("accum_logp", state.anchor, top_v, top_i, budget), state
+    return build_tree(cfg.tree, state.anchor, top_v, top_i), state
 
 
 @torch.inference_mode()
@@ -65,7 +65,7 @@ def test_tiny_model_tree_decode_is_token_identical_to_hf_generate(arch, algorith
                                      pad_token_id=0)[0, len(prompt):].tolist()
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    cfg = DecodeConfig(budget=budget, width=4, algorithm=algorithm, max_new_tokens=40)
+    cfg = DecodeConfig(tree=TreeSpec(algorithm, budget, width=4), max_new_tokens=40)
     assert Decoder(target, head).generate(prompt, cfg).token_ids == expected
     oracle = OracleDecoder(target, head, reference=prompt + expected, seed=3)
     result = oracle.generate(prompt, cfg)
@@ -88,7 +88,7 @@ def test_kv_cache_after_every_round_equals_the_cache_of_ar_decoding_the_committe
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(smollm))
     decoder = OracleDecoder(smollm, head, reference=ids + expected, seed=5)
-    cfg = DecodeConfig(budget=32, width=5, max_new_tokens=40)
+    cfg = DecodeConfig(tree=TreeSpec(budget=32, width=5), max_new_tokens=40)
     rounds = 0
     for state in decoder.stream(ids, cfg):
         if state.finish_reason is not None:  # the last round may commit fewer tokens than it accepted

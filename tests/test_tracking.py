@@ -15,10 +15,11 @@ from safetensors.torch import load_file
 
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
 from jetflow.head import DraftHead, HeadConfig, load_head, save_head
-from jetflow.tracking import (CHALLENGER, CHAMPION, PREVIOUS_CHAMPION, log_evaluation, log_training_run,
-                              metric_suffix, parse_metric_key, plots, promote, register_head,
-                              registered_model_name, resolve_alias, resolve_head_uri, set_alias,
-                              set_tree_config, tracking_uri)
+from jetflow.metrics import metric_key, parse_metric_key
+from jetflow.tracking import (CHALLENGER, CHAMPION, PREVIOUS_CHAMPION, log_evaluation, log_training_run, plots,
+                              promote, register_head, registered_model_name, resolve_alias, resolve_head_uri,
+                              set_alias, set_tree_config, tracking_uri)
+from jetflow.tree import TreeSpec
 from jetflow.tracking.report import validate_report
 from jetflow.tracking.store import client, experiment_for
 
@@ -55,7 +56,7 @@ def make_head(folder: Path, target_id: str, seed: int) -> Path:
     (folder / "metrics.json").write_text(json.dumps(
         {"train/loss": 3.25, "train/steps": 3, **{f"eval/agree_d{d + 1}": a for d, a in enumerate(agree)},
          "lossless": True}))
-    train_cfg = {"name": folder.name, "num_layers": 1, "lr": 0.0003, "block_size": DEPTH + 1}
+    train_cfg = {"name": folder.name, "num_hidden_layers": 1, "lr": 0.0003, "block_size": DEPTH + 1}
     (folder / "train_config.json").write_text(json.dumps(train_cfg))
     (folder / "provenance.json").write_text(json.dumps(
         {"command": "jobs/train.py --preset smoke", "git_commit": "0123abcd" * 5, "git_dirty": False,
@@ -74,33 +75,38 @@ def registered(tmp_path: Path, target_id: str, seed: int) -> tuple[str, Path]:
     return register_head(run_id, target_id), head
 
 
+BEST = TreeSpec("accum_logp", 8, 7)
+
+
 def report(target_id: str, *, uri: str | None = None, path: Path | None = None, sets=SETS,
-           speedup: float = 1.5, tau: float = 2.0, lossless: bool | None = True) -> dict:
-    """A synthetic evaluation report following the contract. The head's best setting (tree, budget 8)
-    reaches `speedup` / `tau` on every set; other settings are worse."""
+           speedup: float = 1.5, tau: float = 2.0, lossless: bool | None = True, best: TreeSpec = BEST,
+           method: str = "causal") -> dict:
+    """A synthetic evaluation report following the contract, for a head of `method`. Its `best` setting
+    reaches `speedup` / `tau` on every set; the other settings (chains and accum_logp trees of budget 4
+    and 8) are worse."""
     rows, metrics, steps = [], {}, {}
     for s in sets:
         rows.append(dict(dataset=s, method="ar", algorithm=None, budget=1, width=1, temperature=0.0, tau=1.0,
                          tokens_per_s=20.0, speedup_vs_ar=1.0, speedup_vs_hf=1.1, e2e_speedup=1.0,
                          predicted_speedup=None, lossless=None, draft_ms=0.0, verify_ms=45.0, other_ms=2.0))
-        for method, algo, width in (("chain", "chain", 1), ("tree", "accum_logp", 7)):
-            for budget in (4, 8):
-                best = method == "tree" and budget == 8
-                sp, t = (speedup, tau) if best else (speedup * 0.8, tau * 0.8)
-                rows.append(dict(dataset=s, method=method, algorithm=algo, budget=budget, width=width,
-                                 temperature=0.0, tau=t, tokens_per_s=20.0 * sp, speedup_vs_ar=sp,
-                                 speedup_vs_hf=sp * 1.1, e2e_speedup=sp * 0.95, predicted_speedup=sp * 1.05,
-                                 lossless=lossless, draft_ms=5.0, verify_ms=60.0, other_ms=3.0))
-                key = f"{s}/{method}/{metric_suffix(budget, width, 0.0)}"
-                metrics.update({f"tau/{key}": t, f"speedup_vs_ar/{key}": sp, f"tokens_per_s/{key}": 20.0 * sp})
-                steps[f"accept_by_depth/{key}"] = [0.6, 0.3, 0.1]
+        specs = dict.fromkeys([TreeSpec(a, b, 7) for a in ("chain", "accum_logp") for b in (4, 8)] + [best])
+        for spec in specs:
+            sp, t = (speedup, tau) if spec == best else (speedup * 0.8, tau * 0.8)
+            rows.append(dict(dataset=s, method=method, algorithm=spec.algorithm, budget=spec.budget,
+                             width=spec.width, temperature=0.0, tree=spec.to_dict(), tau=t, tokens_per_s=20.0 * sp,
+                             speedup_vs_ar=sp, speedup_vs_hf=sp * 1.1, e2e_speedup=sp * 0.95,
+                             predicted_speedup=sp * 1.05, lossless=lossless, draft_ms=5.0, verify_ms=60.0,
+                             other_ms=3.0))
+            for kind, value in (("tau", t), ("speedup_vs_ar", sp), ("tokens_per_s", 20.0 * sp)):
+                metrics[metric_key(kind, s, method, spec, 0.0)] = value
+            steps[metric_key("accept_by_depth", s, method, spec, 0.0)] = [0.6, 0.3, 0.1]
     if lossless is not None:
         metrics["lossless"] = float(lossless)
     config = json.loads((path / "config.json").read_text()) if path else None
     return {"target": {"id": target_id, "revision": "random-r1"},
             "head": {"path": str(path) if path else None, "uri": uri, "config": config, "provenance": None},
             "params": {"sets": ",".join(sets), "prompts_per_set": 2, "max_new_tokens": 16, "budgets": "4,8",
-                       "check_lossless": True},
+                       "check_lossless": True, "head_method": method},
             "metrics": metrics, "step_metrics": steps, "rows": rows,
             "cost_model": {"device": "cpu", "context_tokens": 200, "n": [1, 4, 8], "t_ms": [45.0, 60.0, 78.0]}}
 
@@ -211,8 +217,10 @@ def test_registered_head_promoted_to_champion_loads_back_identical_with_lineage(
     assert (champ.name, champ.version, champ.path, champ.run_id) == \
         (registered_model_name(target), version, folder, mv.run_id)
     assert champ.tree_config is None and champ.metrics["lossless"] == 1.0  # metrics of its eval run
-    set_tree_config(champ.name, version, {"algorithm": "accum_logp", "budget": 8, "width": 7})
-    assert resolve_alias(target).tree_config == {"algorithm": "accum_logp", "budget": 8, "width": 7}
+    set_tree_config(champ.name, version, TreeSpec("top2gap", 16, 5, {"margin": 1.5}))
+    assert resolve_alias(target).tree_config == TreeSpec("top2gap", 16, 5, {"margin": 1.5})
+    tag = client().get_model_version(champ.name, version).tags["jetflow.tree_config"]
+    assert json.loads(tag) == {"algorithm": "top2gap", "budget": 16, "width": 5, "params": {"margin": 1.5}}
 
 
 def test_registry_lookups_and_settings_fail_with_what_to_do(store, tmp_path):
@@ -233,10 +241,11 @@ def test_registry_lookups_and_settings_fail_with_what_to_do(store, tmp_path):
         set_alias(name, CHAMPION, version)
     set_alias(name, CHALLENGER, version)
     assert resolve_alias(target, CHALLENGER).version == version
-    for bad in ({"algorithm": "accum_logp", "budget": 0, "width": 7}, {"budget": 8, "width": 7},
-                {"algorithm": "chain", "budget": 8, "width": "7"}):
-        with pytest.raises(InvalidSettingError, match="tree_config"):
-            set_tree_config(name, version, bad)
+    with pytest.raises(InvalidSettingError, match="TreeSpec"):
+        set_tree_config(name, version, {"algorithm": "accum_logp", "budget": 8, "width": 7})
+    client().set_model_version_tag(name, version, "jetflow.tree_config", '{"algorithm": "beam", "budget": 8}')
+    broken = resolve_alias(target, CHALLENGER)  # a stored setting this install cannot read: reported, not served
+    assert broken.tree_config is None and "unknown tree algorithm 'beam'" in broken.tree_config_error
     with pytest.raises(HeadNotFoundError):
         register_head("0" * 32, target)
 
@@ -258,7 +267,7 @@ def test_evaluation_run_has_documented_params_metrics_step_metrics_table_plots_a
     assert (p["target.id"], p["target.revision"], p["head.path"]) == (target, "random-r1", str(head))
     assert (p["head.num_hidden_layers"], p["head.causal"]) == ("1", "True")
     assert {k: run.data.metrics[k] for k in rep["metrics"]} == pytest.approx(rep["metrics"])
-    key = f"accept_by_depth/mtbench/tree/{metric_suffix(8, 7, 0.0)}"
+    key = metric_key("accept_by_depth", "mtbench", "causal", BEST, 0.0)
     history = sorted(c.get_metric_history(run_id, key), key=lambda h: h.step)
     assert [(h.step, h.value) for h in history] == [(1, 0.6), (2, 0.3), (3, 0.1)]
 
@@ -283,7 +292,7 @@ def test_evaluation_run_has_documented_params_metrics_step_metrics_table_plots_a
 
 @pytest.mark.parametrize("breakage, match", [
     (lambda r: r.pop("metrics"), "metrics"),
-    (lambda r: r["metrics"].update({"tau/mtbench/tree/b8w7t0.7*": 1.0}), "not valid MLflow keys"),
+    (lambda r: r["metrics"].update({"tau/mtbench/causal/accum_logp-b8w7-t0.7*": 1.0}), "not valid MLflow keys"),
     (lambda r: r["rows"][0].pop("budget"), r"rows\.0\.budget"),
     (lambda r: r.update(target={"id": "x"}), r"target\.revision"),
 ])
@@ -298,15 +307,16 @@ def test_a_report_that_breaks_the_contract_is_refused_before_anything_is_logged(
 
 
 def test_metric_keys_round_trip_and_speedup_plot_shows_predicted_beside_measured():
-    k = parse_metric_key("speedup_vs_ar/gsm/eval split/tree/b16w7t0.7")
-    assert (k.kind, k.dataset, k.method, k.budget, k.width, k.temperature) == \
-        ("speedup_vs_ar", "gsm/eval split", "tree", 16, 7, 0.7)
-    assert parse_metric_key("lossless") is None and metric_suffix(32, 1, 0) == "b32w1t0"
+    k = parse_metric_key("speedup_vs_ar/gsm/eval split/causal/top2gap.margin1.5-b16w7-t0.7")
+    assert (k.kind, k.dataset, k.method, k.tree, k.temperature) == \
+        ("speedup_vs_ar", "gsm/eval split", "causal", TreeSpec("top2gap", 16, 7, {"margin": 1.5}), 0.7)
+    assert parse_metric_key("lossless") is None and parse_metric_key("tau/mtbench/ar/t0").tree is None
+    assert parse_metric_key("tau/mtbench/causal/beam-b8w7-t0") is None  # an algorithm we do not know
     fig = plots.speedup_vs_budget(validate_report(report("p")).rows)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert sorted(ax.get_title() for ax in panels) == sorted(SETS)
     labels = [line.get_label() for line in panels[0].get_lines()]
-    assert "tree accum_logp w7 t0" in labels and "tree accum_logp w7 t0 (predicted)" in labels
+    assert "causal accum_logp w7 t0" in labels and "causal accum_logp w7 t0 (predicted)" in labels
 
 
 # --------------------------------------------------------------------------- promotion gate
@@ -379,6 +389,30 @@ def test_gate_promotes_a_better_lossless_challenger_and_keeps_the_old_champion_r
     assert aliases(target) == {CHAMPION: new, PREVIOUS_CHAMPION: old}  # challenger alias consumed
     assert resolve_alias(target).version == new and resolve_alias(target, PREVIOUS_CHAMPION).version == old
     assert not promote(target, new).promoted  # already champion
+
+
+def test_gate_scores_every_tree_algorithm_of_the_head_so_a_top2gap_best_is_promotable(tmp_path, store):
+    """The sweep may pick any registered algorithm as best; the gate must see it (it once read only the
+    `chain` / `tree` keys, so a top2gap winner was invisible and its head refused)."""
+    target = "any-algorithm"
+    old, _ = registered(tmp_path, target, 32)
+    log_evaluation(report(target, uri=uri_of(target, old), speedup=1.5))
+    assert promote(target, old).promoted
+    best = TreeSpec("top2gap", 16, 7, {"margin": 1.0})
+    new = _challenger(tmp_path, target, 33, speedup=1.8, best=best)  # its other settings: 1.44 < 1.5
+    d = promote(target, new, margin=0.1)
+    assert d.promoted and d.challenger_score == pytest.approx(1.8), d.reason
+
+
+def test_gate_scores_only_the_rows_of_the_evaluated_heads_kind(tmp_path, store):
+    target = "own-rows"
+    v, _ = registered(tmp_path, target, 34)
+    rep = report(target, uri=uri_of(target, v), speedup=1.2)
+    extra = report(target, speedup=9.0, method="bidirectional")  # a second head measured in the same run
+    rep["metrics"].update({k: x for k, x in extra["metrics"].items() if "/bidirectional/" in k})
+    log_evaluation(rep)
+    d = promote(target, v)
+    assert d.promoted and d.challenger_score == pytest.approx(1.2)
 
 
 def test_gate_rejects_bad_input(arena):

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from jetflow.tree import TreeSpec
 from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, SCHEMA
 from jetflow.decode import DecodeConfig, Decoder
@@ -19,7 +20,8 @@ from jetflow.head import DraftHead, load_head
 from jetflow.head.copy import copy_block_inputs
 from jetflow.train.blocks import sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
-from jetflow.train.losses import chain_tau_from_hits, draft_loss
+from jetflow.metrics import simulated_tau_chain
+from jetflow.train.losses import draft_loss
 from jetflow.train.trainer import block_forward, build_head, evaluate, train
 from tests.conftest import tiny_target
 
@@ -85,7 +87,7 @@ def test_block_logits_in_the_batched_training_forward_equal_the_inference_forwar
                                                                                  vocab, depth, copy):
     """The bug class behind 'great validation numbers, nothing accepted': train and infer must agree."""
     data = FeatureCache(features)
-    cfg = TrainConfig(num_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, depth_embedding=depth,
+    cfg = TrainConfig(num_hidden_layers=2, block_size=6, causal=causal, anchor_shortcut=shortcut, depth_embedding=depth,
                       copy_ngram=copy, zero_init=False)
     head = build_head(cfg, tiny, data.meta["spec"]["layer_ids"])
     if copy:  # random copy weights, so that a copy input the two forwards place differently shows
@@ -107,7 +109,7 @@ def test_block_logits_in_the_batched_training_forward_equal_the_inference_forwar
     for n, a in enumerate(anchors.tolist()):
         tokens = seq["tokens"][: a + 1].tolist()
         with torch.inference_mode():
-            state = decoder._prefill(tokens, DecodeConfig(budget=8, max_new_tokens=1))
+            state = decoder._prefill(tokens, DecodeConfig(tree=TreeSpec(budget=8), max_new_tokens=1))
             state.ctx[:a] = head.project_context(seq["features"][:a].float())  # the cached (fp16) features
             infer_logits = decoder.draft_logits(state)
         torch.testing.assert_close(train_logits[n], infer_logits, atol=1e-4, rtol=1e-4)
@@ -135,11 +137,11 @@ def test_losses_are_zero_or_minimal_for_a_perfect_draft_and_grow_when_wrong():
     for kind in ("ce", "fkl", "rkl"):
         assert draft_loss(good, labels, t_ids, t_logp, kind) < 1e-3
         assert draft_loss(bad, labels, t_ids, t_logp, kind) > 1.0
-    assert chain_tau_from_hits(torch.tensor([[True, True, False], [False, True, True]])) == 2.0
+    assert simulated_tau_chain(torch.tensor([[True, True, False], [False, True, True]])) == 2.0
 
 
 def test_training_reduces_the_loss_and_reports_simulated_tau(tiny, features, tmp_path):
-    cfg = TrainConfig(name="t", num_layers=1, block_size=6, max_steps=30, anchors_per_seq=8, seqs_per_step=2,
+    cfg = TrainConfig(name="t", num_hidden_layers=1, block_size=6, max_steps=30, anchors_per_seq=8, seqs_per_step=2,
                       lr=3e-3, eval_sequences=2, checkpoint_every=10)
     losses = []
     metrics = train(cfg, tiny, FeatureCache(features), tmp_path / "head",
@@ -151,7 +153,7 @@ def test_training_reduces_the_loss_and_reports_simulated_tau(tiny, features, tmp
 
 @pytest.mark.parametrize("feature_noise", [0.0, 0.3])
 def test_training_interrupted_and_resumed_equals_an_uninterrupted_run(tiny, features, tmp_path, feature_noise):
-    cfg = TrainConfig(name="r", num_layers=1, block_size=6, max_steps=8, anchors_per_seq=4, seqs_per_step=2,
+    cfg = TrainConfig(name="r", num_hidden_layers=1, block_size=6, max_steps=8, anchors_per_seq=4, seqs_per_step=2,
                       lr=1e-3, eval_sequences=2, checkpoint_every=2, feature_noise=feature_noise)
     data = FeatureCache(features)
     train(cfg, tiny, data, tmp_path / "full", progress=False)
@@ -170,7 +172,7 @@ def test_feature_noise_perturbs_only_training_forwards(tiny, features, tmp_path)
     from jetflow.errors import InvalidSettingError
 
     data = FeatureCache(features)
-    base = dict(name="n", num_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2, lr=1e-3,
+    base = dict(name="n", num_hidden_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2, lr=1e-3,
                 eval_sequences=2, checkpoint_every=10)
     noisy_cfg = TrainConfig(**base, feature_noise=0.5)
     quiet = train(TrainConfig(**base), tiny, data, tmp_path / "quiet", progress=False)
@@ -200,7 +202,7 @@ def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features,
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
-    cfg = TrainConfig(name="o", num_layers=1, block_size=6, max_steps=4, anchors_per_seq=4, seqs_per_step=2,
+    cfg = TrainConfig(name="o", num_hidden_layers=1, block_size=6, max_steps=4, anchors_per_seq=4, seqs_per_step=2,
                       lr=1e-3, eval_sequences=2, checkpoint_every=10)
     m_cache = train(cfg, tiny, cached, tmp_path / "cache", progress=False)
     m_online = train(cfg, tiny, online, tmp_path / "online", progress=False)
@@ -313,7 +315,7 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
 
     model_dir = tmp_path / "tiny-qwen3"
     tiny.model.save_pretrained(model_dir)
-    cfg = TrainConfig(name="ray", num_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
+    cfg = TrainConfig(name="ray", num_hidden_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
                       eval_sequences=2, checkpoint_every=1)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -333,28 +335,60 @@ def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp
     assert (tmp_path / "head" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("script,config", [("jobs/train.py", "TrainConfig"), ("jobs/datagen.py", "RegenConfig")])
-def test_help_documents_every_option_with_its_comment_and_default(script, config):
+ENTRY_POINTS = [  # (script argv, its typed options class): the one config surface of every entry point
+    (["jobs/train.py"], "jetflow.train.config:TrainConfig"),
+    (["jobs/datagen.py"], "jetflow.data.regenerate:RegenConfig"),
+    (["jobs/evaluate.py"], "jetflow.eval.job:EvaluateJob"),
+    (["sweeps/budget.py"], "jetflow.main_job:MainJobConfig"),
+    (["sweeps/arch.py"], "jetflow.sweeps.arch:ArchSweepConfig"),
+    (["-m", "jetflow.cli", "generate"], "jetflow.cli:GenerateOptions"),
+    (["-m", "jetflow.cli", "demo"], "jetflow.cli:DemoOptions"),
+    (["-m", "jetflow.cli", "export"], "jetflow.cli:ExportOptions"),
+    (["jobs/promote.py"], "jetflow.tracking.promotion:PromoteJob"),
+    (["jobs/register.py"], "jetflow.tracking.runs:RegisterJob"),
+    (["jobs/train.py"], "jetflow.train.pipeline:TrainJob"),
+    (["jobs/datagen.py"], "jetflow.train.pipeline:DatagenJob"),
+]
+
+
+def _leaf_fields(cls) -> list[tuple[type, dataclasses.Field]]:
+    """Every option a dataclass contributes: its own fields, and those of nested dataclass fields."""
+    import typing
+
+    from jetflow.config_cli import _fields
+
+    out = []
+    for f, _, nested in _fields(cls):
+        out += _leaf_fields(nested) if nested is not None else [(cls, f)]
+    return out
+
+
+@pytest.mark.parametrize("argv,config", ENTRY_POINTS, ids=[" ".join(a) for a, _ in ENTRY_POINTS])
+def test_help_documents_every_option_with_its_comment_and_default(argv, config):
+    import importlib
     import os
     import re
     import subprocess
     import sys
 
     from jetflow.config_cli import field_comments
-    from jetflow.data.regenerate import RegenConfig
 
-    cls = {"TrainConfig": TrainConfig, "RegenConfig": RegenConfig}[config]
-    comments = field_comments(cls)
-    undocumented = [f.name for f in dataclasses.fields(cls) if not comments.get(f.name)]
+    module, _, name = config.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    leaves = _leaf_fields(cls)
+    undocumented = [f.name for owner, f in leaves if not field_comments(owner).get(f.name)]
     assert not undocumented, f"{config} fields without a comment to show in --help: {undocumented}"
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True,
                          cwd=root, timeout=120, env={**os.environ, "PYTHONPATH": str(root / "platform")})
     assert out.returncode == 0, out.stderr
     entries = [" ".join(e.split()) for e in re.split(r"\n  (?=--)", out.stdout)]  # one per option, unwrapped
-    for f in dataclasses.fields(cls):
+    for owner, f in leaves:
         flag = "--" + f.name.replace("_", "-")
-        entry = next((e for e in entries if e.startswith(flag + " ")), "")
-        assert " ".join(comments[f.name].split()[:3]) in entry and "(default" in entry, (flag, entry)
+        entry = next((e for e in entries if e.startswith(flag + " ") or e.startswith(flag + ",")), "")
+        comment = field_comments(owner)[f.name]
+        assert " ".join(comment.split()[:3]) in entry, (flag, entry)
+        assert "(default" in entry or "(required" in entry, (flag, entry)
     if cls is TrainConfig:  # a continuation line joins its field's help; a section title does not
-        assert comments["copy_ngram"].endswith("0 = off") and "initialisation" not in comments["draft_vocab"]
+        comments = field_comments(TrainConfig)
+        assert comments["copy_ngram"].endswith("0 = off") and "initialisation" not in comments["draft_vocab_size"]

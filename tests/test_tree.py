@@ -15,12 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetflow.errors import InvalidSettingError
-from jetflow.tree import TREE_BUILDERS, DraftTree, accept_greedy, accept_sampled, build_tree, walk
+from jetflow.tree import TREE_BUILDERS, DraftTree, TreeSpec, accept_greedy, accept_sampled, build_tree, walk
 
 VOCAB = 1000
 ALGORITHMS = sorted(TREE_BUILDERS)
 FAST = settings(max_examples=60, deadline=None)
 SCORE_TOL = 1e-9
+
+
+def build(algorithm: str, root: int, logp, tokens, budget: int, width: int | None = None, **params) -> DraftTree:
+    """`build_tree` of the TreeSpec (algorithm, budget, width, params); width defaults to every token given."""
+    spec = TreeSpec(algorithm, budget, width if width is not None else max(1, len(logp[0]) if logp else 1), params)
+    return build_tree(spec, root, logp, tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +64,7 @@ def built_trees(draw, algorithms=ALGORITHMS, max_depth: int = 15, max_width: int
     logp, tokens = draw(draft_rows(max_depth, max_width))
     budget, root = draw(budgets), draw(roots)
     opts = {"margin": draw(margins)} if algorithm == "top2gap" else {}
-    return algorithm, logp, tokens, budget, root, build_tree(algorithm, root, logp, tokens, budget, **opts)
+    return algorithm, logp, tokens, budget, root, build(algorithm, root, logp, tokens, budget, **opts)
 
 
 @st.composite
@@ -173,22 +179,59 @@ def test_scores_are_the_cumulative_logprob_along_the_path(case):
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_budget_one_is_the_root_alone(algorithm):
-    tree = build_tree(algorithm, 7, [[-0.1, -2.0]], [[3, 4]], 1)
+    tree = build(algorithm, 7, [[-0.1, -2.0]], [[3, 4]], 1)
     assert (tree.tokens, tree.parents, tree.depths) == ([7], [-1], [0])
 
 
-@given(budget=st.integers(max_value=0))
-@settings(max_examples=20, deadline=None)
-def test_build_tree_rejects_a_budget_below_one(budget):
-    with pytest.raises(InvalidSettingError, match="budget"):
-        build_tree("accum_logp", 0, [[-0.1]], [[1]], budget)
+# ---------------------------------------------------------------------------------------------
+# TreeSpec: the one tree setting, validated once
+
+
+@given(budget=st.one_of(st.integers(max_value=0), st.integers(min_value=4097), st.floats(), st.booleans(),
+                        st.text(max_size=3)))
+@settings(max_examples=40, deadline=None)
+def test_tree_spec_rejects_a_budget_outside_1_to_4096_with_the_one_message(budget):
+    with pytest.raises(InvalidSettingError, match=r"budget must be an integer in 1\.\.4096 \(tree nodes per round"):
+        TreeSpec(budget=budget)
 
 
 @given(name=st.text(max_size=12).filter(lambda s: s not in TREE_BUILDERS))
 @settings(max_examples=20, deadline=None)
-def test_build_tree_rejects_an_unknown_algorithm(name):
+def test_tree_spec_rejects_an_unknown_algorithm(name):
     with pytest.raises(InvalidSettingError, match="unknown tree algorithm"):
-        build_tree(name, 0, [[-0.1]], [[1]], 4)
+        TreeSpec(name)
+
+
+def test_tree_spec_rejects_parameters_its_algorithm_does_not_take():
+    with pytest.raises(InvalidSettingError, match="no parameter"):
+        TreeSpec("accum_logp", params={"margin": 1.0})
+    with pytest.raises(InvalidSettingError, match="finite number"):
+        TreeSpec("top2gap", params={"margin": math.inf})
+
+
+@given(algorithm=st.sampled_from(ALGORITHMS), budget=st.integers(1, 4096), width=st.integers(1, 1024),
+       margin=st.floats(0.0, 10.0, allow_nan=False), block=st.integers(2, 64))
+@settings(max_examples=80, deadline=None)
+def test_tree_spec_round_trips_through_json_and_its_key(algorithm, budget, width, margin, block):
+    params = {"margin": margin} if algorithm == "top2gap" else {}
+    spec = TreeSpec(algorithm, budget, width, params)
+    assert TreeSpec.from_json(spec.to_json()) == spec
+    assert TreeSpec.from_key(spec.key) == spec
+    assert hash(TreeSpec.from_dict(spec.to_dict())) == hash(spec)
+    capped = spec.capped(block)
+    if spec.is_chain:
+        assert capped.width == 1 and capped.budget == min(budget, block)  # a chain has at most B nodes
+    else:
+        assert capped == spec
+
+
+def test_tree_spec_is_canonical_defaults_dropped_and_chains_width_one():
+    assert TreeSpec("top2gap", params={"margin": 2.0}) == TreeSpec("top2gap")  # the default margin
+    assert TreeSpec("top2gap", params={"margin": 2.0}).key == "top2gap-b8w7"
+    assert TreeSpec("top2gap", params={"margin": 1.5}).key == "top2gap.margin1.5-b8w7"
+    assert TreeSpec("chain", 16, 7) == TreeSpec("chain", 16, 1)
+    assert TreeSpec(budget=1).plain and not TreeSpec().plain
+    assert TreeSpec.from_options("top2gap:margin=0.5", 32).params == (("margin", 0.5),)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,8 +274,8 @@ def test_accum_logp_matches_an_exhaustive_ranking_of_the_full_tree(case):
 @given(draft_rows(), budgets, roots, st.integers(1, 10))
 def test_accum_logp_width_caps_fanout_as_if_rows_were_truncated(rows, budget, root, width):
     logp, tokens = rows
-    capped = build_tree("accum_logp", root, logp, tokens, budget, width=width)
-    truncated = build_tree("accum_logp", root, [r[:width] for r in logp], [t[:width] for t in tokens], budget)
+    capped = build("accum_logp", root, logp, tokens, budget, width=width)
+    truncated = build("accum_logp", root, [r[:width] for r in logp], [t[:width] for t in tokens], budget)
     assert all(len(children_of(capped, i)) <= width for i in range(capped.size))
     assert sorted(capped.scores) == pytest.approx(sorted(truncated.scores), abs=SCORE_TOL)
     assert capped.size == truncated.size
@@ -246,7 +289,7 @@ def test_accum_logp_width_caps_fanout_as_if_rows_were_truncated(rows, budget, ro
 @given(draft_rows(), budgets, roots, st.integers(1, 10))
 def test_chain_is_the_rank0_path_of_length_min_budget_D_plus_1(rows, budget, root, width):
     logp, tokens = rows
-    tree = build_tree("chain", root, logp, tokens, budget, width=width)  # width must not widen it
+    tree = build("chain", root, logp, tokens, budget, width=width)  # width must not widen it
     n = min(budget, len(logp) + 1)
     assert tree.size == n
     assert tree.parents == [-1] + list(range(n - 1))
@@ -264,7 +307,7 @@ def test_chain_is_the_rank0_path_of_length_min_budget_D_plus_1(rows, budget, roo
 @given(draft_rows(), budgets, roots, margins, st.one_of(st.none(), st.integers(1, 10)))
 def test_top2gap_fanout_never_exceeds_the_ranks_within_margin_of_top1(rows, budget, root, margin, width):
     logp, tokens = rows
-    tree = build_tree("top2gap", root, logp, tokens, budget, margin=margin, width=width)
+    tree = build("top2gap", root, logp, tokens, budget, margin=margin, width=width)
     w = len(logp[0]) if width is None else min(width, len(logp[0]))
     for node in range(tree.size):
         kids = children_of(tree, node)
@@ -280,7 +323,7 @@ def test_top2gap_fanout_never_exceeds_the_ranks_within_margin_of_top1(rows, budg
 @given(draft_rows(max_depth=5, max_width=4), budgets, roots, margins)
 def test_top2gap_keeps_the_highest_scoring_nodes_within_its_caps(rows, budget, root, margin):
     logp, tokens = rows
-    tree = build_tree("top2gap", root, logp, tokens, budget, margin=margin)
+    tree = build("top2gap", root, logp, tokens, budget, margin=margin)
     every = sorted(all_capped_scores(logp, top2gap_caps(logp, margin)).values(), reverse=True)
     n = min(budget, len(every))
     assert tree.size == n
@@ -290,7 +333,7 @@ def test_top2gap_keeps_the_highest_scoring_nodes_within_its_caps(rows, budget, r
 def test_top2gap_gives_a_confident_depth_fanout_one_and_an_uncertain_one_more():
     logp = [[-0.01, -5.0, -6.0], [-1.0, -1.1, -1.5]]  # depth 1: gap 4.99 > 2; depth 2: all within 2
     tokens = [[10, 11, 12], [20, 21, 22]]
-    tree = build_tree("top2gap", 0, logp, tokens, 100, margin=2.0)
+    tree = build("top2gap", 0, logp, tokens, 100, margin=2.0)
     assert tree.tokens == [0, 10, 20, 21, 22]
     assert tree.parents == [-1, 0, 1, 1, 1]
 
@@ -407,7 +450,7 @@ def test_a_root_only_tree_accepts_nothing_and_commits_the_bonus():
 @given(draft_rows(), budgets, roots, st.data())
 def test_a_chain_accepts_the_longest_prefix_the_target_agrees_with(rows, budget, root, data):
     logp, tokens = rows
-    tree = build_tree("chain", root, logp, tokens, budget)
+    tree = build("chain", root, logp, tokens, budget)
     agree = data.draw(st.integers(0, tree.size - 1))
     # the target agrees with the spine up to `agree`, then picks a token that is not the next one
     target = {i: tree.tokens[i + 1] for i in range(agree)}
@@ -422,7 +465,7 @@ def test_accum_logp_on_a_hand_checked_example():
     """A hand-checked accum_logp tree: budget 4 over two depths of width 2."""
     logp = [[math.log(0.6), math.log(0.3)], [math.log(0.9), math.log(0.05)]]
     tokens = [[1, 2], [3, 4]]
-    tree = build_tree("accum_logp", 0, logp, tokens, 4)
+    tree = build("accum_logp", 0, logp, tokens, 4)
     # 0.6 (tok 1), 0.54 (1→3), 0.3 (tok 2) beat 0.27 (2→3) and 0.03 (1→4)
     assert tree.tokens == [0, 1, 3, 2]
     assert tree.parents == [-1, 0, 1, 0]

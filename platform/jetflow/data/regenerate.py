@@ -11,26 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jetflow.data.prompts import PromptItem, load_prompts, normalize_text, prompt_set_version
+from jetflow.data.shards import SCHEMA, cut_at_stop, encode_shard, write_shard
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import jetflow_home
 
 MANIFEST = "manifest.json"
 BACKENDS = ("hf", "vllm")
-SCHEMA = pa.schema([
-    ("prompt_id", pa.string()),
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("finish_reason", pa.string()),
-])
 
 
 @dataclass
@@ -101,40 +94,6 @@ def _shard_path(out: Path, index: int) -> Path:
     return out / f"shard-{index:05d}.parquet"
 
 
-def encode_shard(cfg: RegenConfig, items: list[PromptItem], tokenizer) -> tuple[list[tuple[str, list[int]]], int]:
-    """Chat-template each prompt → ([(prompt_id, prompt token ids)], skipped), shortest first.
-    Prompts longer than `max_prompt_tokens` are skipped (counted). Shared by every backend."""
-    from jetflow.decode.prompt import encode_prompt
-
-    skipped = 0
-    encoded = []
-    for item in items:
-        ids = encode_prompt(tokenizer, item.chat)
-        if len(ids) > cfg.max_prompt_tokens:
-            skipped += 1
-            continue
-        encoded.append((item.id, ids))
-    # Batch prompts of similar length: left padding is paid in every layer of every step (a 373-token
-    # prompt in a batch of ~100-token ones halved throughput, measured).
-    encoded.sort(key=lambda item: (len(item[1]), item[0]))
-    return encoded, skipped
-
-
-def cut_at_stop(response: list[int], eos: set[int]) -> tuple[list[int], str]:
-    """Generated ids → (ids up to and including the first stop token, "stop"), or (ids, "length")."""
-    for k, t in enumerate(response):
-        if t in eos:
-            return response[: k + 1], "stop"
-    return response, "length"
-
-
-def write_shard(rows: dict[str, list], path: Path) -> None:
-    """Columns named as SCHEMA → one Parquet file, atomically: a shard file exists only when complete."""
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(pa.table(rows, schema=SCHEMA), tmp)
-    os.replace(tmp, path)
-
-
 def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, target=None) -> dict:
     """Answer one shard of prompts and write it atomically. Returns counts."""
     if cfg.backend == "vllm":
@@ -150,7 +109,7 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     target = target or TargetModel.load(cfg.model)
     tok = target.tokenizer
     rows = {name: [] for name in SCHEMA.names}
-    encoded, skipped = encode_shard(cfg, items, tok)
+    encoded, skipped = encode_shard(items, tok, cfg.max_prompt_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = stop_token_ids(target)  # the same stops the decoder uses
     gen_tokens = 0

@@ -50,6 +50,7 @@ class DecodeState:
     mask_ids: torch.Tensor | None = None      # (D,) the MASK token, block inputs after the anchor
     layer_ids: tuple[int, ...] = ()
     rng: torch.Generator | None = None
+    lookahead: float = 2.0                    # running mean of the accepted path length (LM-head prefetch)
 
 
 class _PathLogits:
@@ -91,7 +92,6 @@ class Decoder:
         self.target = target
         self.head = head
         self.stop_ids = stop_token_ids(target)
-        self._lookahead_ema = 2.0
 
     # ------------------------------------------------------------------ API
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
@@ -133,7 +133,7 @@ class Decoder:
 
     # ------------------------------------------------------------- the loop
     def _speculative(self, cfg: DecodeConfig) -> bool:
-        return self.head is not None and cfg.budget > 1
+        return self.head is not None and not cfg.tree.plain
 
     def _prefill(self, prompt_ids: list[int], cfg: DecodeConfig) -> DecodeState:
         target, head = self.target, self.head
@@ -157,8 +157,8 @@ class Decoder:
             prompt_ids=list(prompt_ids), cache=target.new_cache(), past=len(prompt_ids) - 1, anchor=prompt_ids[-1],
             ctx=torch.empty((limit, target.hidden_size), dtype=target.dtype, device=dev) if spec else None,
             stats=DecodeStats(prompt_tokens=len(prompt_ids)),
-            positions=torch.arange(limit + cfg.budget, device=dev),
-            mask_buf=(torch.zeros((1, 1, cfg.budget, limit + cfg.budget), dtype=target.dtype, device=dev)
+            positions=torch.arange(limit + cfg.tree.budget, device=dev),
+            mask_buf=(torch.zeros((1, 1, cfg.tree.budget, limit + cfg.tree.budget), dtype=target.dtype, device=dev)
                       if spec else None),
             mask_ids=(torch.full((depth,), head.config.mask_token_id, dtype=torch.long, device=dev)
                       if spec else None),
@@ -191,7 +191,7 @@ class Decoder:
     def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
         """Per-depth top-W draft (log-probs, tokens), D rows sorted by descending log-prob."""
         logp = torch.log_softmax(self.draft_logits(state).float(), dim=-1)
-        top = torch.topk(logp, min(cfg.width, logp.shape[-1]), dim=-1)
+        top = torch.topk(logp, min(cfg.tree.width, logp.shape[-1]), dim=-1)
         return top.values.tolist(), self.head.to_target_ids(top.indices).tolist()
 
     def _round(self, state: DecodeState, cfg: DecodeConfig) -> None:
@@ -202,7 +202,7 @@ class Decoder:
         if spec:
             top_v, top_i = self.draft(state, cfg)
             tb = self._now()
-            tree = build_tree(cfg.algorithm, state.anchor, top_v, top_i, cfg.budget, width=cfg.width)
+            tree = build_tree(cfg.tree, state.anchor, top_v, top_i)
         else:
             tb = ta
             tree = DraftTree.root_only(state.anchor)
@@ -217,7 +217,7 @@ class Decoder:
             positions = tree.depth_tensor(dev) + past
             mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()).to(dev), past, state.mask_buf)
         out = target.forward(tree.token_tensor(dev), positions, state.cache, mask, state.layer_ids)
-        logits_at = _PathLogits(target, out.hidden, tree, round(self._lookahead_ema))
+        logits_at = _PathLogits(target, out.hidden, tree, round(state.lookahead))
         tw = self._now()
 
         # 4. accept along the target's own choices (argmax, or a sample at T > 0)
@@ -261,7 +261,7 @@ class Decoder:
         stats.accepted_depths[acc.accepted] += 1
         for i in acc.path[1:]:
             stats.accepted_ranks[(tree.depths[i], tree.ranks[i])] += 1
-        self._lookahead_ema = 0.9 * self._lookahead_ema + 0.1 * len(acc.path)
+        state.lookahead = 0.9 * state.lookahead + 0.1 * len(acc.path)
 
     def _hits_stop(self, generated: list[int], stops: list[str]) -> bool:
         tok = self.target.tokenizer

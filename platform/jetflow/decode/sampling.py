@@ -7,34 +7,30 @@ from dataclasses import dataclass, field
 import torch
 
 from jetflow.errors import InvalidSettingError
-from jetflow.tree.build import TREE_BUILDERS
+from jetflow.tree import TreeSpec
+
+
+def check_temperature(value) -> float:
+    """The sampling temperature rule, stated once: finite and >= 0 (0 = greedy)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise InvalidSettingError(f"temperature must be finite and >= 0 (0 = greedy), got {value!r}")
+    return float(value)
 
 
 @dataclass
 class DecodeConfig:
-    budget: int = 32                 # tree nodes per round, the root counted (1 = plain AR)
-    width: int = 7                   # top-W draft tokens per depth
-    algorithm: str = "accum_logp"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0                   # 0 = off
-    max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
+    tree: TreeSpec = field(default_factory=TreeSpec)  # drafted per round with a head (budget 1 = plain)
+    temperature: float = 0.0         # 0 = greedy (token-identical to AR); > 0 samples losslessly from the target
+    top_p: float = 1.0               # nucleus sampling mass (T > 0)
+    top_k: int = 0                   # sample among the k likeliest tokens (T > 0); 0 = off
+    max_new_tokens: int = 128        # tokens to generate at most
+    stop: list[str] = field(default_factory=list, metadata={"split": False})  # stop strings
+    seed: int | None = None          # sampling seed (default: nondeterministic)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
-            raise InvalidSettingError(f"budget must be an integer >= 1 (it counts the root), got {self.budget!r}")
-        if self.budget > 4096:
-            raise InvalidSettingError(f"budget {self.budget} is beyond 4096 nodes; no target verifies that in one pass")
-        if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1:
-            raise InvalidSettingError(f"width must be an integer >= 1, got {self.width!r}")
-        if self.algorithm not in TREE_BUILDERS:
-            raise InvalidSettingError(
-                f"unknown tree algorithm {self.algorithm!r}; known: {', '.join(sorted(TREE_BUILDERS))}"
-            )
-        if not 0 <= self.temperature < float("inf"):
-            raise InvalidSettingError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not isinstance(self.tree, TreeSpec):
+            raise InvalidSettingError(f"tree must be a TreeSpec, got {self.tree!r}")
+        self.temperature = check_temperature(self.temperature)
         if not 0 < self.top_p <= 1:
             raise InvalidSettingError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

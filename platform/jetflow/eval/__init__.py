@@ -4,7 +4,5 @@ against AR / HF baselines, and the verify cost model."""
 from jetflow.eval.acceptance import measure_acceptance
 from jetflow.eval.compare import EvalConfig, evaluate
 from jetflow.eval.cost_model import CostCurve, measure_verify_curve
-from jetflow.eval.heads import EvalHead, load_eval_head, resolve_head_spec
 
-__all__ = ["CostCurve", "EvalConfig", "EvalHead", "evaluate", "load_eval_head", "measure_acceptance",
-           "measure_verify_curve", "resolve_head_spec"]
+__all__ = ["CostCurve", "EvalConfig", "evaluate", "measure_acceptance", "measure_verify_curve"]

@@ -1,9 +1,9 @@
 """One evaluation run: every method on the same held-out prompts, side by side, as a report dict.
 
 Methods (the report's `method`): `ar` (our AR loop), `hf_generate`, `hf_prompt_lookup` (HF's n-gram
-drafter), and per head `chain` / `tree` (`chain_bidirectional` / `tree_bidirectional` for a
-bidirectional head, i.e. DFlash). Generations are interleaved — for each prompt, every method in
-turn — so machine noise spreads over all methods instead of hitting one.
+drafter), and our decoder with a head: `causal` (JetFlow) or `bidirectional` (DFlash), each at every
+tree setting (`TreeSpec`: algorithm, budget, width) of the grid. Generations are interleaved — for each
+prompt, every method in turn — so machine noise spreads over all methods instead of hitting one.
 
 Definitions (metrics from `jetflow.metrics`): times per token are decode-only (prefill excluded)
 unless named e2e; speedup_vs_ar / speedup_vs_hf = that baseline's decode time per token ÷ the
@@ -27,24 +27,13 @@ from typing import Sequence
 
 from jetflow import metrics
 from jetflow.decode import DecodeConfig, Decoder, DecodeStats, Generation, encode_prompt
+from jetflow.decode.sampling import check_temperature
 from jetflow.errors import InvalidSettingError
 from jetflow.eval.baselines import HFRun, hf_generate
 from jetflow.eval.cost_model import CostCurve, measure_verify_curve
-from jetflow.eval.heads import EvalHead
-from jetflow.tree.build import TREE_BUILDERS
-
-MAX_BUDGET = 4096
-BASELINES = ("ar", "hf_generate", "hf_prompt_lookup")
-
-
-def _int_list(name: str, values, lo: int, hi: int) -> list[int]:
-    values = list(values)
-    if not values:
-        raise InvalidSettingError(f"{name} must name at least one value")
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise InvalidSettingError(f"{name}: each value must be an integer in {lo}..{hi}, got {v!r}")
-    return sorted(set(values))
+from jetflow.head import LoadedHead
+from jetflow.metrics import head_method, metric_key
+from jetflow.tree import TreeSpec, setting_key, tree_grid
 
 
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
@@ -58,15 +47,17 @@ class EvalConfig:
     """What to measure. Defaults run on a laptop in a few minutes with a trained head."""
 
     sets: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])  # eval splits, or JSONL files
-    prompts_per_set: int = 5
-    max_new_tokens: int = 64
+    prompts_per_set: int = field(default=5, metadata={"flags": ("--prompts",)})  # prompts per set, spread
+                                             # evenly over its eval split
+    max_new_tokens: int = 64                 # tokens generated per prompt
     budgets: list[int] = field(default_factory=lambda: [8, 32])       # tree nodes per round, root counted
     widths: list[int] = field(default_factory=lambda: [7])            # top-W per depth (trees; chain uses 1)
-    algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])
+    algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])  # name or name:key=value
     temperatures: list[float] = field(default_factory=lambda: [0.0])  # > 0: sampled, seeded, lossless n/a
     baselines: bool = True                   # HF generate + HF prompt lookup rows
     prompt_lookup_num_tokens: int = 10       # HF prompt-lookup candidate tokens per step
-    check_lossless: bool = True              # compare greedy outputs token by token
+    check_lossless: bool = field(default=True, metadata={"flags": ("--lossless-check",)})  # compare greedy
+                                             # outputs token by token
     seed: int = 0                            # sampling seed (prompt i uses seed + i) and random-head init
     cost_model: bool = True                  # measure t(N) here and predict each row's speedup
     context_tokens: int = 200                # cached tokens behind the timed verify forwards
@@ -89,24 +80,20 @@ class EvalConfig:
         self.sets = list(dict.fromkeys(self.sets))
         _check_int("prompts_per_set", self.prompts_per_set, 1)
         _check_int("max_new_tokens", self.max_new_tokens, 1)
-        self.budgets = _int_list("budgets", self.budgets, 1, MAX_BUDGET)
-        self.widths = _int_list("widths", self.widths, 1, 1024)
-        if isinstance(self.algorithms, str) or not self.algorithms:
-            raise InvalidSettingError("algorithms must name at least one tree algorithm")
-        unknown = [a for a in self.algorithms if a not in TREE_BUILDERS]
-        if unknown:
-            raise InvalidSettingError(f"unknown tree algorithm(s) {unknown}; known: {', '.join(sorted(TREE_BUILDERS))}")
+        tree_grid(self.algorithms, self.budgets, self.widths)  # every tree setting is valid (TreeSpec checks)
+        self.budgets, self.widths = sorted(set(self.budgets)), sorted(set(self.widths))
         self.algorithms = list(dict.fromkeys(self.algorithms))
         if not self.temperatures:
             raise InvalidSettingError("temperatures must name at least one value (0 = greedy)")
-        for t in self.temperatures:
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
-                raise InvalidSettingError(f"temperatures must be finite and >= 0, got {t!r}")
-        self.temperatures = sorted({float(t) for t in self.temperatures})
+        self.temperatures = sorted({check_temperature(t) for t in self.temperatures})
         _check_int("prompt_lookup_num_tokens", self.prompt_lookup_num_tokens, 1, 256)
         _check_int("seed", self.seed, 0)
         _check_int("context_tokens", self.context_tokens, 1)
         _check_int("curve_repeats", self.curve_repeats, 1)
+
+    def trees(self, block_size: int | None = None) -> list[TreeSpec]:
+        """The grid's tree settings for a head of `block_size` (chains capped at it)."""
+        return tree_grid(self.algorithms, self.budgets, self.widths, block_size)
 
     def params(self) -> dict[str, str | int | float | bool]:
         """Flat MLflow params (lists as comma-separated strings)."""
@@ -121,26 +108,16 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Setting:
-    """One method at one (algorithm, budget, width, temperature); `head` indexes the evaluated heads."""
+    """One method at one tree setting and temperature; `head` indexes the evaluated heads (None: a baseline)."""
 
     method: str
-    algorithm: str | None
-    budget: int
-    width: int
+    tree: TreeSpec | None
     temperature: float
     head: int | None = None
 
-    @property
-    def label(self) -> str:
-        """The method part of metric keys: the method, plus the algorithm when it is not the method's
-        own (accum_logp for trees, chain for chains), e.g. `tree_top2gap`."""
-        if self.algorithm in (None, "accum_logp", "chain"):
-            return self.method
-        return f"{self.method}_{self.algorithm}"
-
-    def key(self, dataset: str) -> str:
-        """`<dataset>/<label>/b<budget>w<width>t<temperature>` (temperatures as t0, t0.7)."""
-        return f"{dataset}/{self.label}/b{self.budget}w{self.width}t{self.temperature:g}"
+    def key(self, kind: str, dataset: str) -> str:
+        """The metric key, e.g. `tau/mtbench/causal/accum_logp-b32w7-t0` (`jetflow.tracking.report`)."""
+        return metric_key(kind, dataset, self.method, self.tree, self.temperature)
 
 
 def dataset_label(name: str) -> str:
@@ -150,23 +127,16 @@ def dataset_label(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem) or "prompts"
 
 
-def settings_for(cfg: EvalConfig, heads: Sequence[EvalHead]) -> list[Setting]:
+def settings_for(cfg: EvalConfig, heads: Sequence[LoadedHead]) -> list[Setting]:
     """Every (method, setting) the run measures, baselines first, duplicates removed (a chain ignores
     width and is capped at the head's block size)."""
     out: list[Setting] = []
     for t in cfg.temperatures:
-        out.append(Setting("ar", None, 1, 1, t))
+        out.append(Setting("ar", None, t))
         if cfg.baselines:
-            out.append(Setting("hf_generate", None, 1, 1, t))
-            out.append(Setting("hf_prompt_lookup", None, cfg.prompt_lookup_num_tokens + 1, 1, t))
+            out += [Setting("hf_generate", None, t), Setting("hf_prompt_lookup", None, t)]
         for i, h in enumerate(heads):
-            suffix = "" if h.causal else "_bidirectional"
-            for alg in cfg.algorithms:
-                if alg == "chain":
-                    out += [Setting("chain" + suffix, alg, min(b, h.head.config.block_size), 1, t, i)
-                            for b in cfg.budgets]
-                else:
-                    out += [Setting("tree" + suffix, alg, b, w, t, i) for b in cfg.budgets for w in cfg.widths]
+            out += [Setting(head_method(h.causal), spec, t, i) for spec in cfg.trees(h.head.config.block_size)]
     return list(dict.fromkeys(out))
 
 
@@ -220,7 +190,7 @@ class _Tally:
 class _Runner:
     """Runs one Setting on one prompt with the right decoder or HF call."""
 
-    def __init__(self, target, heads: Sequence[EvalHead], cfg: EvalConfig):
+    def __init__(self, target, heads: Sequence[LoadedHead], cfg: EvalConfig):
         self.target, self.cfg = target, cfg
         self.ar = Decoder(target)
         self.spec = [Decoder(target, h.head) for h in heads]
@@ -231,8 +201,8 @@ class _Runner:
             lookup = self.cfg.prompt_lookup_num_tokens if s.method == "hf_prompt_lookup" else None
             return hf_generate(self.target, ids, max_new_tokens, s.temperature, seed if sampled else None, lookup)
         decoder = self.ar if s.head is None else self.spec[s.head]
-        dc = DecodeConfig(budget=s.budget, width=s.width, algorithm=s.algorithm or "accum_logp",
-                          temperature=s.temperature, max_new_tokens=max_new_tokens, seed=seed if sampled else None)
+        dc = DecodeConfig(tree=s.tree or TreeSpec(budget=1), temperature=s.temperature,
+                          max_new_tokens=max_new_tokens, seed=seed if sampled else None)
         return decoder.generate(ids, dc)
 
 
@@ -240,7 +210,7 @@ def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
-def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = None,
+def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = None,
              progress: bool = False) -> dict:
     """Measure every setting of `cfg` for `heads` (at most one causal and one bidirectional; none =
     baselines only) on `target`, on the same prompts; return the report dict of the evaluation
@@ -267,7 +237,7 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
 
     curve: CostCurve | None = None
     if cfg.cost_model:
-        sizes = {s.budget for s in settings if s.head is not None}
+        sizes = {s.tree.budget for s in settings if s.head is not None}
         curve = measure_verify_curve(target, sorted(sizes | {1}), cfg.context_tokens, cfg.curve_repeats,
                                      head=heads[0].head if heads else None)
 
@@ -296,7 +266,7 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
         "target": {"id": target.model_id, "revision": target.revision},
         "head": heads[0].describe() if heads else {"path": None, "uri": None, "config": None, "provenance": None},
         "heads": [h.describe() for h in heads],
-        "params": cfg.params(),
+        "params": {**cfg.params(), **({"head_method": head_method(heads[0].causal)} if heads else {})},
         "metrics": {},
         "step_metrics": {},
         "rows": [],
@@ -311,15 +281,14 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
             report["rows"].append(row)
             if lossless_counts and row["lossless"] is not None:
                 lossless_all.append(row["lossless"])
-            key = s.key(ds)
             for name in ("tau", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "tokens_per_s", "predicted_speedup"):
                 if _finite(row[name]):
-                    report["metrics"][f"{name}/{key}"] = float(row[name])
+                    report["metrics"][s.key(name, ds)] = float(row[name])
             stats = tallies[(ds, s)].stats
             if s.head is not None and stats is not None:
-                report["step_metrics"][f"accept_by_depth/{key}"] = stats.per_depth_acceptance(
+                report["step_metrics"][s.key("accept_by_depth", ds)] = stats.per_depth_acceptance(
                     heads[s.head].head.config.depth)
-                report["rank_acceptance"][key] = {
+                report["rank_acceptance"][f"{ds}/{s.method}/{setting_key(s.tree, s.temperature)}"] = {
                     f"{d},{r}": round(f, 6)
                     for (d, r), f in metrics.per_rank_acceptance(stats.accepted_ranks, stats.rounds).items()}
     if lossless_all:
@@ -330,10 +299,10 @@ def evaluate(target, heads: Sequence[EvalHead] = (), cfg: EvalConfig | None = No
 def _row(ds: str, s: Setting, tallies: dict, cfg: EvalConfig, curve: CostCurve | None) -> tuple[dict, bool]:
     """(the contract's row for one dataset × setting, whether its lossless flag counts overall)."""
     t = tallies[(ds, s)]
-    ar = tallies[(ds, Setting("ar", None, 1, 1, s.temperature))]
-    hf = tallies.get((ds, Setting("hf_generate", None, 1, 1, s.temperature)))
+    ar = tallies[(ds, Setting("ar", None, s.temperature))]
+    hf = tallies.get((ds, Setting("hf_generate", None, s.temperature)))
     spt = t.decode_s_per_token
-    tau = t.stats.tau if t.stats is not None else (t.tokens / t.forwards if t.forwards else math.nan)
+    tau = t.stats.tau if t.stats is not None else metrics.tau_from_totals(t.tokens, t.forwards)
 
     predicted = None
     if curve is not None and s.head is not None and t.stats is not None and t.stats.rounds:
@@ -344,9 +313,12 @@ def _row(ds: str, s: Setting, tallies: dict, cfg: EvalConfig, curve: CostCurve |
     if cfg.check_lossless and s.temperature == 0:
         reference = (hf.outputs if hf is not None else None) if s.method == "ar" else ar.outputs
         lossless = None if reference is None else t.outputs == reference
+    budget = (s.tree.budget if s.tree is not None
+              else cfg.prompt_lookup_num_tokens + 1 if s.method == "hf_prompt_lookup" else 1)
     row = {
-        "dataset": ds, "method": s.method, "algorithm": s.algorithm, "budget": s.budget, "width": s.width,
-        "temperature": s.temperature, "tau": tau,
+        "dataset": ds, "method": s.method, "algorithm": s.tree.algorithm if s.tree else None, "budget": budget,
+        "width": s.tree.width if s.tree else 1, "temperature": s.temperature,
+        "tree": s.tree.to_dict() if s.tree else None, "tau": tau,
         "tokens_per_s": t.decode_tokens / t.decode_s if t.decode_s > 0 else math.nan,
         "speedup_vs_ar": metrics.speedup(ar.decode_s_per_token, spt),
         "speedup_vs_hf": metrics.speedup(hf.decode_s_per_token, spt) if hf is not None else math.nan,

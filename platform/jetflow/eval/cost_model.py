@@ -165,7 +165,7 @@ def time_verify(target, sizes: Sequence[int], context_tokens: int = 200, repeats
     over random per-depth log-probs (depth 15, width 7). Repetitions are interleaved over sizes so
     machine noise spreads evenly instead of hitting one N; the first pass is warm-up. Variants not
     asked for are reported as NaN."""
-    from jetflow.tree import build_tree  # tree/ imports nothing from eval; keep the import local anyway
+    from jetflow.tree import TreeSpec, build_tree  # tree/ imports nothing from eval; keep the import local anyway
 
     if context_tokens < 1:
         raise InvalidSettingError(f"context_tokens must be >= 1, got {context_tokens}")
@@ -180,7 +180,8 @@ def time_verify(target, sizes: Sequence[int], context_tokens: int = 200, repeats
         if n < 1:
             raise InvalidSettingError(f"tree sizes must be >= 1, got {n}")
         logp = torch.log_softmax(torch.randn(_CURVE_DEPTH, 64, generator=gen) * 3, -1).topk(_CURVE_WIDTH)
-        tree = build_tree("accum_logp", 5, logp.values.tolist(), (logp.indices % vocab).tolist(), n)
+        tree = build_tree(TreeSpec("accum_logp", n, _CURVE_WIDTH), 5, logp.values.tolist(),
+                          (logp.indices % vocab).tolist())
         ids, pos = tree.token_tensor(dev), tree.depth_tensor(dev) + past
         mask = target.tree_mask(torch.from_numpy(tree.ancestor_mask()).to(dev), past) if tree.size > 1 else None
 
@@ -212,21 +213,20 @@ def time_verify(target, sizes: Sequence[int], context_tokens: int = 200, repeats
 
 
 @torch.inference_mode()
-def measure_draft_ms(target, head, context_tokens: int = 200, budget: int = 32, width: int = 7,
-                     repeats: int = 21) -> float:
+def measure_draft_ms(target, head, context_tokens: int = 200, budget: int = 32, repeats: int = 21) -> float:
     """Median ms of one draft step: head forward + LM head on D rows + top-W + accum_logp tree build."""
     from jetflow.decode import DecodeConfig, Decoder
     from jetflow.eval.timing import median_ms
-    from jetflow.tree import build_tree
+    from jetflow.tree import TreeSpec, build_tree
 
     decoder = Decoder(target, head)
-    cfg = DecodeConfig(budget=budget, width=width, max_new_tokens=4)
+    cfg = DecodeConfig(tree=TreeSpec(budget=budget), max_new_tokens=4)
     ids = [int(t) % target.vocab_size for t in range(100, 100 + context_tokens + 1)]
     state = decoder._prefill(ids, cfg)  # the decoder's own per-call state, as a real round sees it
 
     def step():
         values, tokens = decoder.draft(state, cfg)
-        build_tree("accum_logp", state.anchor, values, tokens, budget, width=width)
+        build_tree(cfg.tree, state.anchor, values, tokens)
         _sync(target.device)
 
     return median_ms(step, repeats)

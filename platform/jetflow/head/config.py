@@ -14,13 +14,47 @@ def check_copy_ngram(n: int) -> None:
         raise InvalidSettingError(f"copy_ngram must be in 0..16 (0 = no copy inputs), got {n}")
 
 
-@dataclass
-class HeadConfig:
+@dataclass(kw_only=True)
+class HeadArch:
+    """The architecture choices of a draft head — what training picks and a checkpoint records — with
+    their one set of ranges and defaults (the paper's head: no JetFlow options). `HeadConfig` (a head
+    shaped for a target) and `TrainConfig` (a head to train) both are one."""
+
+    num_hidden_layers: int = 2           # decoder layers in the head (the paper: 1-8)
+    block_size: int = 16                 # B: the anchor plus B-1 drafted depths per block
+    causal: bool = True                  # causal inside the block (JetFlow); false = bidirectional (DFlash)
+    tap_norm: bool = False               # RMSNorm each tapped layer before fc (SmolLM2's tapped outliers collapse
+                                         # raw fc inputs)
+    anchor_shortcut: bool = False        # add the context feature at the anchor's position - 1 to every block input
+    depth_embedding: bool = False        # a learned input vector per block offset
+    copy_ngram: int = 0                  # > 0: block inputs gain copy candidates from the longest (<= n) earlier
+                                         # match of the context's suffix (jetflow.head.copy); 0 = off
+    draft_vocab_size: int = 0            # > 0: draft only over this many target ids (stored as `draft_vocab`);
+                                         # 0 = the target's full vocabulary
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_hidden_layers <= 64:
+            raise InvalidSettingError(f"num_hidden_layers must be in 1..64, got {self.num_hidden_layers}")
+        if not 2 <= self.block_size <= 64:
+            raise InvalidSettingError(f"block_size must be in 2..64 (anchor + at least one draft), got {self.block_size}")
+        check_copy_ngram(self.copy_ngram)
+        if self.draft_vocab_size < 0:
+            raise InvalidSettingError(f"draft_vocab_size must be >= 0 (0 = the target's full vocabulary), "
+                                      f"got {self.draft_vocab_size}")
+
+    def arch(self) -> dict[str, Any]:
+        """The architecture fields alone (what `HeadConfig.for_target` takes)."""
+        return {f.name: getattr(self, f.name) for f in fields(HeadArch)}
+
+
+@dataclass(kw_only=True)
+class HeadConfig(HeadArch):
+    """A head shaped for one target: its dimensions, taps and MASK token, plus the architecture."""
+
     hidden_size: int
     vocab_size: int
     target_layer_ids: list[int]
     mask_token_id: int
-    num_hidden_layers: int = 2
     num_attention_heads: int = 9
     num_key_value_heads: int = 3
     head_dim: int = 64
@@ -28,32 +62,20 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
-    block_size: int = 16
-    causal: bool = True                  # False = the DFlash bidirectional baseline
-    tap_norm: bool = False               # RMSNorm each tapped layer before fc (activation outliers)
-    anchor_shortcut: bool = False        # add the context feature of position T-1 to every block input
-    depth_embedding: bool = False        # add a learned vector per block offset to the block inputs
-    copy_ngram: int = 0                  # > 0: block inputs gain the tokens that followed the longest (<= n)
-                                         # earlier match of the context's suffix (jetflow.head.copy)
-    draft_vocab_size: int = 0            # > 0: draft only over this many target ids (stored as `draft_vocab`)
     num_target_layers: int = 0
     target_model_id: str = ""
     target_revision: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_hidden_layers <= 64:
-            raise InvalidSettingError(f"num_hidden_layers must be in 1..64, got {self.num_hidden_layers}")
-        if self.block_size < 2:
-            raise InvalidSettingError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
+        super().__post_init__()
         if not self.target_layer_ids:
             raise InvalidSettingError("target_layer_ids must name at least one target layer")
         if self.num_attention_heads % self.num_key_value_heads:
             raise InvalidSettingError("num_attention_heads must be a multiple of num_key_value_heads")
-        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+        if self.draft_vocab_size > self.vocab_size:
             raise InvalidSettingError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = full vocab), "
                                       f"got {self.draft_vocab_size}")
-        check_copy_ngram(self.copy_ngram)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise InvalidSettingError(f"mask_token_id {self.mask_token_id} outside vocab of {self.vocab_size}")
 

@@ -11,24 +11,10 @@ from safetensors.torch import load_file, save_file
 from jetflow.errors import HeadMismatchError, HeadNotFoundError
 from jetflow.head.config import HeadConfig
 from jetflow.head.model import DraftHead
-from jetflow.paths import heads_dir
+from jetflow.head.ref import local_head_path
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-
-
-def resolve_head_path(name_or_path: str | Path) -> Path:
-    """A path, or a bare name under `$JETFLOW_HOME/heads/`."""
-    p = Path(name_or_path).expanduser()
-    if p.exists():
-        return p.resolve()
-    if p.is_absolute() or len(p.parts) > 1:
-        raise HeadNotFoundError(f"no head at {p}; train one (jobs/train.py) or pass --head random")
-    named = heads_dir() / str(name_or_path)
-    if named.exists():
-        return named
-    raise HeadNotFoundError(f"no head named {name_or_path!r} ({named} does not exist) and no such path; "
-                            "train one (jobs/train.py) or pass --head random")
 
 
 def save_head(head: DraftHead, path: str | Path) -> Path:
@@ -43,7 +29,7 @@ def save_head(head: DraftHead, path: str | Path) -> Path:
 
 
 def load_head(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
-    path = resolve_head_path(path)
+    path = local_head_path(path)
     if not (path / CONFIG).exists() or not (path / WEIGHTS).exists():
         raise HeadNotFoundError(f"{path} is not a head checkpoint: it needs {CONFIG} and {WEIGHTS}")
     try:

@@ -147,7 +147,7 @@ class JetFlowServer:
         self._created = int(time.time())
         if choice.speculative:
             log.info("serving %s (%s) with head %s, tree %s; %d torch threads", self.model_id, target.revision,
-                     choice.label, choice.tree.model_dump(), torch.get_num_threads())
+                     choice.label, choice.tree.to_dict(), torch.get_num_threads())
         else:
             log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision, choice.note)
 
@@ -163,7 +163,7 @@ class JetFlowServer:
         choice = self.engine.choice
         info = {"target": self.engine.target.model_id, "revision": self.engine.target.revision,
                 "speculative": choice.speculative, "head": choice.label,
-                "tree": choice.tree.model_dump() if choice.speculative else None, "note": choice.note,
+                "tree": choice.tree.to_dict() if choice.speculative else None, "note": choice.note,
                 "max_prompt_tokens": self.cfg.max_prompt_tokens, "max_tokens": self.cfg.max_tokens}
         return ModelList(data=[ModelCard(id=self.model_id, created=self._created, jetflow=info)])
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
-# Tree settings when neither the config nor the registered champion names them. On the 2-core CPU
-# a verify of N nodes costs ~1.6x (N=8) .. 2.4x (N=32) one AR step (BENCHMARKS.md), so small trees;
-# served with the demo head, budgets 4 and 8 ran at the same tokens/s (benchmarks/serving.py).
-DEFAULT_TREE = {"algorithm": "accum_logp", "budget": 8, "width": 7}
+from jetflow.tree import TreeSpec
+
+TREE_OPTIONS = ("algorithm", "budget", "width")  # flat spellings of `tree` (command line, `serve run k=v`)
 
 
 class ServeConfig(BaseModel):
@@ -32,12 +31,9 @@ class ServeConfig(BaseModel):
     tracking_uri: str | None = Field(None, description="MLflow store holding the registry (default: "
                                                        "$MLFLOW_TRACKING_URI, else $JETFLOW_HOME/mlflow.db)")
     served_name: str | None = Field(None, description="model id clients send (default: the target id)")
-    algorithm: str | None = Field(None, description="tree algorithm (default: registered tree config, else "
-                                                     f"{DEFAULT_TREE['algorithm']})")
-    budget: int | None = Field(None, ge=1, le=4096, description="tree nodes per round, root counted (default: "
-                                                               f"registered tree config, else {DEFAULT_TREE['budget']})")
-    width: int | None = Field(None, ge=1, description=f"top-W draft tokens per depth (default: registered, else "
-                                                      f"{DEFAULT_TREE['width']})")
+    tree: TreeSpec | None = Field(None, description="tree setting {algorithm, budget, width, params}; default: the "
+                                                    "registered head's stored setting, else TreeSpec() "
+                                                    "(accum_logp, budget 8, width 7)")
     max_prompt_tokens: int = Field(2048, ge=1, description="longest prompt accepted, in tokens")
     max_tokens: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
     default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none")
@@ -56,17 +52,38 @@ class ServeConfig(BaseModel):
     downscale_delay_s: float = Field(60.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_tree(cls, data: Any) -> Any:
+        """`budget=8` / `--budget 8` (and algorithm, width) stand for `tree`: an explicit tree setting,
+        replacing the registered one whole (fields not given take TreeSpec's defaults)."""
+        if not isinstance(data, dict) or not any(data.get(k) is not None for k in TREE_OPTIONS):
+            return data
+        if data.get("tree") is not None:
+            raise ValueError(f"give either tree or {'/'.join(TREE_OPTIONS)}, not both")
+        data = dict(data)
+        flat = {k: data.pop(k) for k in TREE_OPTIONS if data.get(k) is not None}
+        for k in ("budget", "width"):
+            if isinstance(flat.get(k), str) and flat[k].strip().lstrip("-").isdigit():
+                flat[k] = int(flat[k])
+        data["tree"] = TreeSpec.from_options(**flat)
+        return data
+
+    @field_validator("tree", mode="before")
+    @classmethod
+    def _tree(cls, value: Any) -> Any:
+        return TreeSpec.from_dict(value) if isinstance(value, dict) else value
+
+    @field_serializer("tree")
+    def _dump_tree(self, tree: TreeSpec | None) -> dict | None:
+        return tree.to_dict() if tree is not None else None
+
     @model_validator(mode="after")
     def _consistent(self) -> "ServeConfig":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
         if self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens ({self.default_max_tokens}) exceeds max_tokens ({self.max_tokens})")
-        if self.algorithm is not None:
-            from jetflow.tree import TREE_BUILDERS
-
-            if self.algorithm not in TREE_BUILDERS:
-                raise ValueError(f"unknown tree algorithm {self.algorithm!r}; known: {', '.join(sorted(TREE_BUILDERS))}")
         return self
 
     def autoscaling_config(self) -> dict[str, Any]:
@@ -76,9 +93,15 @@ class ServeConfig(BaseModel):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every ServeConfig field as `--field-name` (strings; pydantic coerces and validates them)."""
+    """Every ServeConfig field as `--field-name` (strings; pydantic coerces and validates them); `tree` as
+    TreeSpec's own options (--algorithm, --budget, --width)."""
+    from jetflow.config_cli import add_dataclass_args
+
     group = parser.add_argument_group("application (ServeConfig)")
     for name, field in ServeConfig.model_fields.items():
+        if name == "tree":
+            add_dataclass_args(parser, TreeSpec, "", group=group)
+            continue
         default = "unset" if field.default is None else field.default
         group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
                            help=f"{field.description or ''} (default {default})".strip())
@@ -86,5 +109,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_arguments(args: argparse.Namespace) -> ServeConfig:
     """The ServeConfig of the options given on the command line; pydantic errors propagate."""
-    return ServeConfig.model_validate({k: getattr(args, k) for k in ServeConfig.model_fields
-                                       if getattr(args, k, None) is not None})
+    names = [n for n in ServeConfig.model_fields if n != "tree"] + list(TREE_OPTIONS)
+    return ServeConfig.model_validate({k: getattr(args, k) for k in names if getattr(args, k, None) is not None})

@@ -19,6 +19,7 @@ from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.serving.config import ServeConfig
 from jetflow.serving.schema import JetFlowUsage, Usage
 from jetflow.serving.selection import HeadChoice
+from jetflow.tree import TreeSpec
 
 
 @dataclass
@@ -101,17 +102,16 @@ class GenerationEngine:
         if n > self.cfg.max_tokens:
             raise request_error(InvalidSettingError, f"max_tokens {n} exceeds this server's limit of "
                                 f"{self.cfg.max_tokens}; ask for fewer tokens", "max_tokens")
-        tree = self.choice.tree
-        extra = {"budget": tree.budget, "width": tree.width, "algorithm": tree.algorithm} if tree else {"budget": 1}
-        return DecodeConfig(max_new_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop,
-                            seed=seed, **extra)
+        tree = self.choice.tree if self.choice.speculative else TreeSpec(budget=1)
+        return DecodeConfig(tree=tree, max_new_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                            stop=stop, seed=seed)
 
     def usage(self, gen: Generation) -> Usage:
         s = gen.stats
         return Usage(prompt_tokens=s.prompt_tokens, completion_tokens=len(gen.token_ids),
                      total_tokens=s.prompt_tokens + len(gen.token_ids),
                      jetflow=JetFlowUsage(speculative=self.choice.speculative, head=self.choice.label,
-                                          tree=self.choice.tree if self.choice.speculative else None,
+                                          tree=self.choice.tree.to_dict() if self.choice.speculative else None,
                                           tau=round(s.tau, 4), rounds=s.rounds,
                                           tokens_per_s=round(s.tokens_per_s, 3), note=self.choice.note))
 

@@ -125,18 +125,12 @@ class ChatCompletionRequest(_Sampling):
 # ----------------------------------------------------------------------------------- responses
 
 
-class TreeSettings(BaseModel):
-    algorithm: str
-    budget: int
-    width: int
-
-
 class JetFlowUsage(BaseModel):
     """Speculative-decoding stats of one response. τ = tokens committed per target verify forward."""
 
     speculative: bool
     head: str | None                  # "models:/NAME/VERSION", a head folder, "random", or None (plain)
-    tree: TreeSettings | None
+    tree: dict[str, Any] | None       # the TreeSpec served: {"algorithm", "budget", "width"[, "params"]}
     tau: float
     rounds: int                       # target verify forwards
     tokens_per_s: float               # decode throughput, prefill excluded

@@ -17,56 +17,55 @@ from typing import Any
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir, jetflow_home
 from jetflow.train.config import TrainConfig
+from jetflow.tree import TreeSpec
 
 METRIC = "eval/tree_tau"
 DRIVER_CPU = 0.01  # a trial = this driver + Ray Train workers of 1 - DRIVER_CPU CPUs: N trials fit N cores
-# what a trial may vary, and how it appears on the command line (comma-separated choices)
-SEARCHABLE = {"num_layers": int, "block_size": int, "num_taps": int, "causal": bool, "loss": str,
-              "gamma": float, "lr": float, "max_sequences": int, "draft_vocab": int, "anchor_shortcut": bool,
-              "depth_embedding": bool, "copy_ngram": int}
 
 
-def parse_choices(spec: str) -> tuple[str, list]:
-    """`name=a,b,c` → (name, [typed choices])."""
-    name, _, values = spec.partition("=")
-    name = name.strip().replace("-", "_")
-    if name not in SEARCHABLE or not values:
-        raise InvalidSettingError(f"search option {spec!r}: use NAME=v1,v2 with NAME one of {', '.join(SEARCHABLE)}")
-    kind = SEARCHABLE[name]
-    out = []
-    for v in values.split(","):
-        v = v.strip()
-        if kind is bool:
-            if v.lower() not in ("true", "false", "1", "0"):
-                raise InvalidSettingError(f"{name} takes true/false, got {v!r}")
-            out.append(v.lower() in ("true", "1"))
-        else:
-            try:
-                out.append(kind(v))
-            except ValueError:
-                raise InvalidSettingError(f"{name} takes {kind.__name__} values, got {v!r}") from None
-    return name, out
+@dataclass
+class ArchSearch:
+    """What a trial may vary: each non-empty list is searched (a grid over all of them); an empty one keeps
+    the preset's value. Names are `TrainConfig`'s."""
+
+    num_hidden_layers: list[int] = field(default_factory=lambda: [1, 2])  # decoder layers in the head
+    block_size: list[int] = field(default_factory=list)       # anchor + drafted depths per block
+    num_taps: list[int] = field(default_factory=list)         # target layers tapped
+    causal: list[bool] = field(default_factory=lambda: [True, False])  # causal (JetFlow) or bidirectional
+    loss: list[str] = field(default_factory=list)             # fkl, ce, rkl
+    gamma: list[float] = field(default_factory=list)          # depth decay (0 = uniform)
+    lr: list[float] = field(default_factory=lambda: [6e-4, 2e-3])      # AdamW peak learning rate
+    max_sequences: list[int] = field(default_factory=list)    # training sequences (data-size studies)
+    draft_vocab_size: list[int] = field(default_factory=list)  # draft vocabulary (0 = full)
+    anchor_shortcut: list[bool] = field(default_factory=list)  # anchor feature added to block inputs
+    depth_embedding: list[bool] = field(default_factory=list)  # learned per-depth block input
+    copy_ngram: list[int] = field(default_factory=list)       # copy inputs from the context (0 = off)
+
+    def space(self) -> dict[str, list]:
+        return {k: list(dict.fromkeys(v)) for k, v in asdict(self).items() if v}
 
 
 @dataclass
 class ArchSweepConfig:
-    target: str = "smollm2-135m"
+    target: str = "smollm2-135m"         # target: bundled name, local folder or hub id
     preset: str = "demo"                 # data (regeneration + features) and base training settings
-    search: list[str] = field(default_factory=lambda: ["causal=true,false", "num_layers=1,2", "lr=6e-4,2e-3"])
+    search: ArchSearch = field(default_factory=ArchSearch)
     max_steps: int = 120                 # per trial (the preset's other training settings stay)
     eval_every: int = 20                 # held-out eval interval: ASHA's rungs
     grace_steps: int = 40                # ASHA: no stopping before this many steps
     finalists: int = 2                   # decoded on held-out prompts, registered; the best → challenger
     eval_prompts: int = 3                # per held-out set, for the finalists
-    eval_new_tokens: int = 48
-    name: str = "arch-sweep"
-    storage: str = ""                    # absolute; default $JETFLOW_HOME/ray_results
-    max_concurrent: int = 2
-    workers_per_trial: int = 1
-    use_gpu: bool = False
+    eval_new_tokens: int = 48            # tokens per prompt, for the finalists
+    name: str = "arch-sweep"             # Tune experiment name (resumes when it exists)
+    storage: str = ""                    # absolute Tune storage path (default: $JETFLOW_HOME/ray_results)
+    max_concurrent: int = 2              # trials at once
+    workers_per_trial: int = 1           # Ray Train workers per trial
+    use_gpu: bool = False                # a GPU per Ray Train worker
 
     def __post_init__(self) -> None:
-        self.space = dict(parse_choices(s) for s in self.search)
+        self.space = self.search.space()
+        if not self.space:
+            raise InvalidSettingError("the architecture sweep needs at least one searched option")
         for name in ("max_steps", "eval_every", "finalists", "eval_prompts", "eval_new_tokens", "max_concurrent",
                      "workers_per_trial"):
             if getattr(self, name) < 1:
@@ -135,18 +134,13 @@ class ArchOutcome:
 
 
 def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> ArchOutcome:
-    import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from jetflow.tracking import tracking_uri
+    from jetflow.sweeps.cluster import init_ray
 
     t0 = time.perf_counter()
-    if not ray.is_initialized():
-        env = {"JETFLOW_HOME": str(jetflow_home()), "MLFLOW_TRACKING_URI": tracking_uri(),
-               "TOKENIZERS_PARALLELISM": "false"}
-        ray.init(address=ray_address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True)
+    init_ray(ray_address)
     features = prepare_features(cfg)
     base = cfg.base_train({})
     shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
@@ -199,7 +193,7 @@ def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:
     for row in done[: cfg.finalists]:
         head_dir = Path(row["head_dir"])
         decoded = measure_acceptance(target, load_head(head_dir), prompts_per_set=cfg.eval_prompts,
-                                     new_tokens=cfg.eval_new_tokens, algorithms=("accum_logp",))
+                                     new_tokens=cfg.eval_new_tokens, trees=(TreeSpec(budget=32),))
         metrics = {**json.loads((head_dir / "metrics.json").read_text()), **decoded}
         (head_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         run_id = log_training_run(head_dir, cfg.target, target.revision, run_name=f"arch {head_dir.name}")

@@ -18,13 +18,12 @@ from jetflow.tracking.registry import (
     set_alias,
     set_tree_config,
 )
-from jetflow.tracking.report import EvalReport, metric_suffix, parse_metric_key, validate_report
+from jetflow.tracking.report import EvalReport, validate_report
 from jetflow.tracking.runs import log_evaluation, log_training_run, register_head_folder
 from jetflow.tracking.store import experiment_for, tracking_uri
 
 __all__ = [
     "CHALLENGER", "CHAMPION", "GATE_METRICS", "PREVIOUS_CHAMPION", "EvalReport", "PromotionDecision",
-    "RegisteredHead", "experiment_for", "find_version", "log_evaluation", "log_training_run", "metric_suffix",
-    "parse_metric_key", "promote", "register_head", "register_head_folder", "registered_model_name",
+    "RegisteredHead", "experiment_for", "find_version", "log_evaluation", "log_training_run", "promote", "register_head", "register_head_folder", "registered_model_name",
     "resolve_alias", "resolve_head_uri", "set_alias", "set_tree_config", "tracking_uri", "validate_report",
 ]

@@ -11,12 +11,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from jetflow.tracking.report import (
-    BASELINE_METHODS,
-    CostModel,
-    ReportRow,
-    parse_metric_key,
-)
+from jetflow.metrics import BASELINE_METHODS, parse_metric_key
+from jetflow.tracking.report import CostModel, ReportRow
 
 
 def _grid(n: int, width: float = 4.2, height: float = 3.2) -> tuple[Figure, list]:
@@ -31,8 +27,13 @@ def _grid(n: int, width: float = 4.2, height: float = 3.2) -> tuple[Figure, list
 
 
 def _series_label(row: ReportRow) -> str:
-    algo = f" {row.algorithm}" if row.algorithm and row.algorithm != row.method else ""
-    return f"{row.method}{algo} w{row.width} t{row.temperature:g}"
+    """A line per head method, algorithm (with its parameters), width and temperature; budget is the x axis."""
+    spec = row.spec
+    if spec is None:
+        return f"{row.method} t{row.temperature:g}"
+    params = "".join(f" {k}={v:g}" for k, v in spec.params)
+    width = "" if spec.is_chain else f" w{spec.width}"
+    return f"{row.method} {spec.algorithm}{params}{width} t{row.temperature:g}"
 
 
 def _by_dataset(rows: Iterable[ReportRow]) -> dict[str, list[ReportRow]]:

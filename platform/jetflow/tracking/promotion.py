@@ -1,9 +1,9 @@
 """The promotion gate: `champion` moves to a challenger version only if the challenger's latest evaluation
 is lossless and beats the champion's on the same eval sets by a relative margin; otherwise it says why.
 
-Score of a head on one eval set = the best value of the chosen metric over its own methods (chain, tree)
-and settings at temperature 0 in that evaluation run — what the budget sweep would serve. The gate
-compares the mean of those per-set scores over the eval sets both runs measured."""
+Score of a head on one eval set = the best value of the chosen metric over the head's own rows (every tree
+setting of every algorithm, at temperature 0) in that evaluation run — what the budget sweep would serve.
+The gate compares the mean of those per-set scores over the eval sets both runs measured."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from mlflow.entities import Run
 
 from jetflow.errors import InvalidSettingError
+from jetflow.metrics import HEAD_METHODS, parse_metric_key
 from jetflow.tracking.registry import (
     CHALLENGER,
     CHAMPION,
@@ -23,7 +24,6 @@ from jetflow.tracking.registry import (
     get_version,
     registered_model_name,
 )
-from jetflow.tracking.report import HEAD_METHODS, parse_metric_key
 from jetflow.tracking.store import client
 
 # Gate metric → the metric-key kind it reads in evaluation runs.
@@ -31,6 +31,22 @@ GATE_METRICS = {"speedup": "speedup_vs_ar", "tau": "tau"}
 LOSSLESS = "lossless"
 GATE_TAG = "jetflow.last_gate"
 _EVAL_HINT = "evaluate it first (jobs/evaluate.py, which logs an eval run tagged with the version)"
+
+
+@dataclass
+class PromoteJob:
+    """`jobs/promote.py`'s options."""
+
+    target: str = "smollm2-135m"         # target id whose registered heads to promote among
+    version: str = ""                    # challenger: a version number, or an alias such as challenger (required)
+    metric: str = "speedup"              # what the challenger must beat the champion on: speedup (vs AR) or tau
+    margin: float = 0.02                 # relative margin, 0.02 = 2 % better
+    eval_sets: list[str] = field(default_factory=list)  # eval sets to compare on (default: all shared)
+    json: bool = False                   # print the decision as JSON
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            raise InvalidSettingError("--version is required: a version number or an alias such as challenger")
 
 
 @dataclass
@@ -61,11 +77,14 @@ class PromotionDecision:
 
 
 def set_scores(run: Run, metric: str) -> dict[str, float]:
-    """Per eval set, the best `metric` of the head's own methods at temperature 0 in one eval run."""
+    """Per eval set, the best `metric` of the run's head at temperature 0, over all its tree settings. The
+    head's rows are those of its method (`params.head_method`: causal or bidirectional), else any head's."""
     kind, best = GATE_METRICS[metric], {}
+    own = run.data.params.get("head_method")
+    methods = (own,) if own in HEAD_METHODS else HEAD_METHODS
     for key, value in run.data.metrics.items():
         k = parse_metric_key(key)
-        if k is None or k.kind != kind or k.method not in HEAD_METHODS or k.temperature != 0 or math.isnan(value):
+        if k is None or k.kind != kind or k.method not in methods or k.temperature != 0 or math.isnan(value):
             continue
         best[k.dataset] = max(value, best.get(k.dataset, -math.inf))
     return best
@@ -126,7 +145,7 @@ def promote(target_id: str, challenger_version: str, metric: str = "speedup", ma
             return _record(d)
         mine = {s: mine[s] for s in eval_sets}
     if not mine:
-        d.reason = (f"the challenger's latest evaluation (run {run.info.run_id}) has no {metric} for chain/tree "
+        d.reason = (f"the challenger's latest evaluation (run {run.info.run_id}) has no {metric} of the head "
                     "at temperature 0")
         return _record(d)
 

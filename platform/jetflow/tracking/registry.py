@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import struct
 import tempfile
@@ -26,7 +25,9 @@ from mlflow.protos.databricks_pb2 import (
 )
 
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
+from jetflow.head.ref import parse_models_uri
 from jetflow.paths import file_sha256
+from jetflow.tree import TreeSpec
 from jetflow.tracking.store import client, experiment_for, local_root, safe_name, tracking_uri
 
 NAME_SUFFIX = "-jetflow-head"
@@ -35,7 +36,6 @@ TREE_CONFIG_TAG = "jetflow.tree_config"
 WEIGHTS_TAG = "jetflow.weights_sha256"
 HEAD_ARTIFACT = "head"
 CACHE_DIR = "registry"  # downloaded versions: <local root>/registry/<store hash>/<name>/<version>/
-_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 # Lineage copied from the training run's tags onto the registered version.
 _LINEAGE_TAGS = ("jetflow.target.id", "jetflow.target.revision", "jetflow.data.manifest_sha256",
                  "jetflow.git_commit", "jetflow.git_dirty", "jetflow.head.arch", "jetflow.head.name", WEIGHTS_TAG)
@@ -66,16 +66,15 @@ def _parameter_count(weights: Path) -> int:
 
 def arch_summary(head_dir: str | Path) -> str:
     """One line, e.g. "causal 2L h576 block16 taps[1,8,14,20,27] tap_norm 8.7M params"."""
+    from jetflow.head.config import HeadConfig
+
     head_dir = Path(head_dir)
-    cfg = json.loads((head_dir / "config.json").read_text())
-    dc, jf = cfg.get("dflash_config", {}), cfg.get("jetflow", {})
-    parts = ["causal" if dc.get("causal", cfg.get("is_causal", False)) else "bidirectional",
-             f"{cfg.get('num_hidden_layers')}L", f"h{cfg.get('hidden_size')}",
-             f"block{dc.get('block_size', cfg.get('block_size'))}",
-             "taps[" + ",".join(map(str, dc.get("target_layer_ids", []))) + "]"]
-    parts += [flag for flag in ("tap_norm", "anchor_shortcut", "depth_embedding") if jf.get(flag)]
-    if jf.get("copy_ngram"):
-        parts.append(f"copy{jf['copy_ngram']}")
+    cfg = HeadConfig.from_dflash_dict(json.loads((head_dir / "config.json").read_text()))
+    parts = ["causal" if cfg.causal else "bidirectional", f"{cfg.num_hidden_layers}L", f"h{cfg.hidden_size}",
+             f"block{cfg.block_size}", "taps[" + ",".join(map(str, cfg.target_layer_ids)) + "]"]
+    parts += [flag for flag in ("tap_norm", "anchor_shortcut", "depth_embedding") if getattr(cfg, flag)]
+    if cfg.copy_ngram:
+        parts.append(f"copy{cfg.copy_ngram}")
     parts.append(f"{_parameter_count(head_dir / 'model.safetensors') / 1e6:.1f}M params")
     return " ".join(parts)
 
@@ -146,15 +145,6 @@ def get_version(name: str, version_or_alias: str) -> ModelVersion:
         raise
 
 
-def parse_models_uri(uri: str) -> tuple[str, str]:
-    """`models:/NAME@ALIAS` or `models:/NAME/VERSION` → (NAME, ALIAS or VERSION)."""
-    m = _MODELS_URI.match(uri.strip())
-    if m is None:
-        raise HeadNotFoundError(f"{uri!r} is not a registry URI; use models:/NAME@ALIAS or models:/NAME/VERSION "
-                                f"(e.g. models:/{registered_model_name('smollm2-135m')}@{CHAMPION})")
-    return m["name"], m["alias"] or m["version"]
-
-
 def find_version(target_id: str, uri: str | None = None, path: str | Path | None = None) -> ModelVersion | None:
     """The registered version a head came from: by its `models:/` URI, else by its weights' sha256
     (the newest version with those weights). None when it is not registered."""
@@ -217,18 +207,13 @@ def set_alias(name: str, alias: str, version: str, *, bypass_gate: bool = False)
         raise InvalidSettingError(f"cannot set alias {alias!r}: {exc.message}") from None
 
 
-def set_tree_config(name: str, version: str, tree_config: dict) -> None:
-    """Store the tree config to serve this version with, as tag `jetflow.tree_config`
-    (JSON {"algorithm": str, "budget": int ≥ 1, "width": int ≥ 1}; the budget sweep writes its best)."""
-    algorithm, budget, width = (tree_config.get(k) for k in ("algorithm", "budget", "width"))
-    if not isinstance(algorithm, str) or not algorithm:
-        raise InvalidSettingError(f"tree_config needs an algorithm name (e.g. accum_logp), got {algorithm!r}")
-    for key, value in (("budget", budget), ("width", width)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidSettingError(f"tree_config {key} must be an integer >= 1, got {value!r}")
+def set_tree_config(name: str, version: str, tree: TreeSpec) -> None:
+    """Store the tree setting to serve this version with, as tag `jetflow.tree_config` (`TreeSpec.to_json`;
+    the main job writes the budget sweep's best)."""
+    if not isinstance(tree, TreeSpec):
+        raise InvalidSettingError(f"a tree config is a TreeSpec, got {tree!r}")
     mv = get_version(name, str(version))
-    value = json.dumps({"algorithm": algorithm, "budget": budget, "width": width})
-    client().set_model_version_tag(name, str(mv.version), TREE_CONFIG_TAG, value)
+    client().set_model_version_tag(name, str(mv.version), TREE_CONFIG_TAG, tree.to_json())
 
 
 # --------------------------------------------------------------------------- champion lookup
@@ -243,11 +228,13 @@ def eval_runs(target_id: str, name: str, version: str, max_results: int = 20) ->
 @dataclass
 class RegisteredHead:
     """A registered version resolved to a local folder. `metrics` are those of its latest evaluation run
-    (τ, speedups, lossless), else of its training run; `tree_config` is the tag set by the budget sweep."""
+    (τ, speedups, lossless), else of its training run; `tree_config` is the tag set by the main job (None
+    when absent or unreadable: a stored setting this install cannot serve is reported, not served)."""
     name: str
     version: str
     path: Path
-    tree_config: dict | None = None
+    tree_config: TreeSpec | None = None
+    tree_config_error: str | None = None
     run_id: str | None = None
     metrics: dict = field(default_factory=dict)
 
@@ -273,6 +260,11 @@ def resolve_alias(target_id: str, alias: str = CHAMPION) -> RegisteredHead | Non
         metrics = dict(client().get_run(mv.run_id).data.metrics)
     else:
         metrics = {}
-    tree = mv.tags.get(TREE_CONFIG_TAG)
-    return RegisteredHead(name=name, version=str(mv.version), path=path,
-                          tree_config=json.loads(tree) if tree else None, run_id=mv.run_id, metrics=metrics)
+    tree, error = None, None
+    if mv.tags.get(TREE_CONFIG_TAG):
+        try:
+            tree = TreeSpec.from_json(mv.tags[TREE_CONFIG_TAG])
+        except InvalidSettingError as exc:
+            error = str(exc)
+    return RegisteredHead(name=name, version=str(mv.version), path=path, tree_config=tree,
+                          tree_config_error=error, run_id=mv.run_id, metrics=metrics)

@@ -1,52 +1,20 @@
 """The evaluation report contract (what `jetflow.eval.compare.evaluate` returns and
-`log_evaluation` logs), checked when it crosses into tracking, and the metric-key grammar
-`<kind>/<dataset>/<method>/b<budget>w<width>t<temperature>` that plots and the promotion gate read back."""
+`log_evaluation` logs), checked when it crosses into tracking. Its metric keys follow the grammar of
+`jetflow.metrics.metric_key`."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from jetflow.errors import InvalidSettingError
+from jetflow.metrics import parse_metric_key
+from jetflow.tree import TreeSpec
 
-# The methods that measure the head itself; the others are baselines on the same prompts.
-HEAD_METHODS = ("chain", "tree")
-BASELINE_METHODS = ("ar", "hf_generate", "hf_prompt_lookup")
 # MLflow's own rule for metric/param keys (letters, digits, _ - . / and spaces), at most 250 chars.
 _KEY = re.compile(r"^[A-Za-z0-9_\-./ ]{1,250}$")
-_METRIC_KEY = re.compile(
-    r"^(?P<kind>[^/]+)/(?P<dataset>.+)/(?P<method>[^/]+)/b(?P<budget>\d+)w(?P<width>\d+)t(?P<temp>\d+(?:\.\d+)?)$")
-
-
-def metric_suffix(budget: int, width: int, temperature: float) -> str:
-    """`b32w7t0`, `b8w1t0.7`: the setting part of every per-setting metric key."""
-    return f"b{int(budget)}w{int(width)}t{float(temperature):g}"
-
-
-@dataclass(frozen=True)
-class MetricKey:
-    kind: str            # tau, speedup_vs_ar, speedup_vs_hf, e2e_speedup, tokens_per_s, accept_by_depth, ...
-    dataset: str
-    method: str
-    budget: int
-    width: int
-    temperature: float
-
-    @property
-    def setting(self) -> str:
-        return metric_suffix(self.budget, self.width, self.temperature)
-
-
-def parse_metric_key(key: str) -> MetricKey | None:
-    """`tau/mtbench/tree/b32w7t0` → MetricKey; None for flat keys such as `lossless`.
-    The dataset may itself contain slashes (everything between the first and the last two parts)."""
-    m = _METRIC_KEY.match(key)
-    if m is None:
-        return None
-    return MetricKey(m["kind"], m["dataset"], m["method"], int(m["budget"]), int(m["width"]), float(m["temp"]))
 
 
 class _Strict(BaseModel):
@@ -67,13 +35,19 @@ class ReportHead(_Strict):
 
 
 class ReportRow(_Strict):
-    """One (dataset, method, setting) measurement. Times in ms per round; speedups are ratios."""
+    """One (dataset, method, setting) measurement. Times in ms per generated token; speedups are ratios.
+    `tree` is the head rows' TreeSpec as a dict (None for the baselines)."""
     dataset: str
     method: str
     algorithm: str | None = None
     budget: int
     width: int
     temperature: float
+    tree: dict[str, Any] | None = None
+
+    @property
+    def spec(self) -> TreeSpec | None:
+        return TreeSpec.from_dict(self.tree) if self.tree else None
     tau: float | None = None
     tokens_per_s: float | None = None
     speedup_vs_ar: float | None = None

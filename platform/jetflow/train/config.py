@@ -6,24 +6,18 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from jetflow.errors import InvalidSettingError
+from jetflow.head.config import HeadArch, HeadConfig
 from jetflow.train.losses import LOSSES
+from jetflow.tree import TreeSpec
 
 
-@dataclass
-class TrainConfig:
+@dataclass(kw_only=True)
+class TrainConfig(HeadArch):
+    """A head to train: its architecture (the `HeadArch` fields, validated there; a draft vocabulary is
+    the N most frequent ShareGPT ids) plus the data, objective, optimiser and monitoring settings."""
+
     name: str = "head"               # the head's name: it lands in $JETFLOW_HOME/heads/<name>/
-    # architecture
-    num_layers: int = 2              # decoder layers in the head (1..8)
-    block_size: int = 16             # B: the anchor plus B-1 drafted depths per block
-    causal: bool = True              # causal inside the block (JetFlow); false = bidirectional (DFlash)
     num_taps: int = 5                # target layers tapped for context features, spread from layer 1 to n-3
-    tap_norm: bool = True            # RMSNorm each tap before fc (measured: SmolLM2's tapped outliers collapse
-                                     # raw fc inputs)
-    anchor_shortcut: bool = False    # add the context feature at the anchor's position - 1 to every block input
-    depth_embedding: bool = False    # a learned input vector per block offset (measured: helps a 1-layer head)
-    copy_ngram: int = 0              # > 0: block inputs gain copy candidates from the longest (<= n) earlier
-                                     # match of the context's suffix (jetflow.head.copy); 0 = off
-    draft_vocab: int = 0             # > 0: draft over the N most frequent ShareGPT ids (0 = full vocab)
     # initialisation
     zero_init: bool = True           # zero o_proj/down_proj: each layer starts as the identity
     init_from_target: bool = False   # copy the target's top layers into the head
@@ -49,31 +43,33 @@ class TrainConfig:
     seed: int = 0                    # seeds the head init, the split, the epoch orders and the anchors
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.loss not in LOSSES:
             raise InvalidSettingError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if not 1 <= self.num_layers <= 8:
-            raise InvalidSettingError(f"num_layers must be in 1..8, got {self.num_layers}")
-        if not 2 <= self.block_size <= 64:
-            raise InvalidSettingError(f"block_size must be in 2..64, got {self.block_size}")
         if not 1 <= self.anchors_per_seq <= 512:
             raise InvalidSettingError(f"anchors_per_seq must be in 1..512, got {self.anchors_per_seq}")
         if self.max_sequences < 0 or self.eval_every < 0:
             raise InvalidSettingError("max_sequences and eval_every must be >= 0 (0 = all / only at the end)")
-        for name in ("num_taps", "seqs_per_step", "checkpoint_every", "eval_width", "eval_budget"):
+        self.eval_tree  # the monitor's tree setting is valid (TreeSpec checks it)
+        for name in ("num_taps", "seqs_per_step", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.draft_vocab < 0:
-            raise InvalidSettingError(f"draft_vocab must be >= 0 (0 = the target's full vocabulary), got {self.draft_vocab}")
-        from jetflow.head.config import check_copy_ngram  # the head's own bound, checked before any data is made
-
-        check_copy_ngram(self.copy_ngram)
         if self.feature_noise < 0:
             raise InvalidSettingError(f"feature_noise must be >= 0, got {self.feature_noise}")
         if self.lr <= 0 or self.gamma < 0 or self.epochs <= 0:
             raise InvalidSettingError("lr and epochs must be > 0 and gamma >= 0")
 
+    @property
+    def eval_tree(self) -> TreeSpec:
+        """The tree the monitor's simulated tree τ and the held-out decoded τ use."""
+        return TreeSpec(budget=self.eval_budget, width=self.eval_width)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def head_config(self, target, layer_ids: list[int]) -> HeadConfig:
+        """The config of the head this run trains for `target`, tapping `layer_ids`."""
+        return HeadConfig.for_target(target, target_layer_ids=list(layer_ids), **self.arch())
 
     @classmethod
     def from_overrides(cls, base: "TrainConfig", overrides: dict[str, Any]) -> "TrainConfig":

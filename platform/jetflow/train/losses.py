@@ -3,8 +3,6 @@ as its top-K (ids, log-probs) in the feature cache; labels are the target's own 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from jetflow.errors import InvalidSettingError
@@ -50,11 +48,3 @@ def draft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_ids: torch.Te
             per = (q_norm.exp() * (q_norm - t_logp)).sum(-1) * row
     w = depth_weights(d, gamma, logits.device)
     return (per * w).sum() / (w.sum() * n)
-
-
-def chain_tau_from_hits(hits: torch.Tensor) -> float:
-    """hits (N, D) bool: draft argmax == target token per depth → simulated chain τ (bonus included)."""
-    if hits.numel() == 0:
-        return math.nan
-    accepted = hits.long().cumprod(dim=1).sum(dim=1).float()
-    return 1.0 + accepted.mean().item()

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jetflow.train.losses import chain_tau_from_hits
-from jetflow.tree import build_tree, walk
+from jetflow import metrics
+from jetflow.tree import TreeSpec, build_tree, walk
 
 
 @dataclass
@@ -25,27 +25,21 @@ class HeadEval:
         return out
 
 
-def tree_accepted_for_blocks(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int,
-                             algorithm: str = "accum_logp") -> list[int]:
+def tree_accepted_for_blocks(logits: torch.Tensor, labels: torch.Tensor, tree: TreeSpec) -> list[int]:
     """logits (N, D, V), labels (N, D) → drafted tokens the tree walk accepts, per block (bonus excluded)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    top = logp.topk(width, dim=-1)
+    top = logp.topk(min(tree.width, logp.shape[-1]), dim=-1)
     accepted = []
     for b in range(logits.shape[0]):
-        tree = build_tree(algorithm, -1, top.values[b].tolist(), top.indices[b].tolist(), budget)
+        drafted = build_tree(tree, -1, top.values[b].tolist(), top.indices[b].tolist())
         row = labels[b].tolist()
-        accepted.append(walk(tree, lambda node: row[tree.depths[node]] if tree.depths[node] < len(row) else -1).accepted)
+        accepted.append(walk(drafted, lambda node: row[drafted.depths[node]]
+                             if drafted.depths[node] < len(row) else -1).accepted)
     return accepted
 
 
-def tree_tau_for_blocks(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int,
-                        algorithm: str = "accum_logp") -> float:
-    """logits (N, D, V), labels (N, D) → mean committed tokens per round of the tree walk."""
-    accepted = tree_accepted_for_blocks(logits, labels, width, budget, algorithm)
-    return (sum(accepted) + len(accepted)) / max(1, len(accepted))
-
-
-def summarize(logits: torch.Tensor, labels: torch.Tensor, width: int, budget: int) -> HeadEval:
+def summarize(logits: torch.Tensor, labels: torch.Tensor, tree: TreeSpec) -> HeadEval:
     hits = logits.argmax(-1) == labels
-    return HeadEval(per_depth_agreement=hits.float().mean(0).tolist(), chain_tau=chain_tau_from_hits(hits),
-                    tree_tau=tree_tau_for_blocks(logits, labels, width, budget), blocks=int(labels.shape[0]))
+    return HeadEval(per_depth_agreement=hits.float().mean(0).tolist(), chain_tau=metrics.simulated_tau_chain(hits),
+                    tree_tau=metrics.simulated_tau_tree(tree_accepted_for_blocks(logits, labels, tree)),
+                    blocks=int(labels.shape[0]))

@@ -17,6 +17,7 @@ from jetflow.data.regenerate import MANIFEST, RegenConfig, regenerate
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir
 from jetflow.train.config import TrainConfig
+from jetflow.tree import TreeSpec
 
 
 @dataclass
@@ -37,7 +38,7 @@ PRESETS: dict[str, Preset] = {
     # seconds: for tests and CI
     "smoke": Preset(RegenConfig(num_prompts=8, max_new_tokens=24, batch_size=4, shard_size=4),
                     features_max_len=256,
-                    train=TrainConfig(name="smoke", num_layers=1, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
+                    train=TrainConfig(name="smoke", num_hidden_layers=1, tap_norm=True, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
                                       eval_sequences=2, checkpoint_every=2),
                     eval_prompts=1, eval_new_tokens=8),
     # Sized to stay under 30 min on 2 CPU cores (23.4 min measured: BENCHMARKS.md "Copy inputs"; 27.4 in
@@ -53,9 +54,9 @@ PRESETS: dict[str, Preset] = {
     "demo": Preset(RegenConfig(num_prompts=640, max_new_tokens=160, batch_size=32, shard_size=64,
                                prompt_sets=list(TRAIN_MIX)),
                    features_max_len=448,
-                   train=TrainConfig(name="demo", num_layers=1, block_size=8, anchor_shortcut=True,
+                   train=TrainConfig(name="demo", num_hidden_layers=1, block_size=8, tap_norm=True, anchor_shortcut=True,
                                      depth_embedding=True, gamma=1.5, copy_ngram=3,
-                                     epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
+                                     epochs=5, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab_size=16384,
                                      eval_sequences=16, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=64),
     # As much data as fits 2 hours on 2 CPU cores: 3,000 prompts took 65 min (BENCHMARKS.md "The `long`
@@ -67,9 +68,9 @@ PRESETS: dict[str, Preset] = {
     "long": Preset(RegenConfig(num_prompts=3000, max_new_tokens=192, batch_size=32, shard_size=64,
                                prompt_sets=list(TRAIN_MIX), workers=2),
                    features_max_len=512,
-                   train=TrainConfig(name="long", num_layers=1, block_size=8, anchor_shortcut=True,
+                   train=TrainConfig(name="long", num_hidden_layers=1, block_size=8, tap_norm=True, anchor_shortcut=True,
                                      depth_embedding=True, gamma=1.5, copy_ngram=3,
-                                     epochs=4, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab=16384,
+                                     epochs=4, anchors_per_seq=24, seqs_per_step=4, lr=1e-3, draft_vocab_size=16384,
                                      eval_sequences=32, checkpoint_every=50),
                    eval_prompts=6, eval_new_tokens=96),
 }
@@ -92,6 +93,27 @@ def provenance(extra: dict) -> dict:
     return {"command": " ".join(sys.argv), "git_commit": git("rev-parse", "HEAD"),
             "git_dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
             "packages": versions, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+
+
+@dataclass
+class TrainJob:
+    """`jobs/train.py`'s own options; the training options (`TrainConfig`) override the preset's."""
+
+    preset: str = "demo"                 # data + training sizes: smoke, demo or long
+    model: str = "smollm2-135m"          # target: bundled name, local folder or hub id
+    workers: int = 1                     # Ray Train workers
+    ray: bool = True                     # train under Ray Train (false: in this process)
+    features: str = "cache"              # cache: tapped features stored once under $JETFLOW_HOME/features (shared
+                                         # by sweep trials); online: computed each epoch (no feature disk)
+
+
+@dataclass
+class DatagenJob:
+    """`jobs/datagen.py`'s own options; the regeneration options (`RegenConfig`) override the preset's."""
+
+    preset: str = "demo"                 # base settings: smoke, demo or long
+    features: bool = True                # also build the feature cache (false: only regenerate)
+    feature_max_len: int | None = None   # tokens per sequence in the feature cache (default: the preset's)
 
 
 def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135m", use_ray: bool = True,
@@ -135,7 +157,7 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     from jetflow.head import load_head
 
     decode_metrics = measure_acceptance(target, load_head(out), prompts_per_set=p.eval_prompts,
-                                        new_tokens=p.eval_new_tokens, budget=tcfg.eval_budget, width=tcfg.eval_width)
+                                        new_tokens=p.eval_new_tokens, trees=(tcfg.eval_tree, TreeSpec("chain")))
     timings["eval_s"] = time.perf_counter() - t0
     metrics = {**json.loads((out / "metrics.json").read_text()), **decode_metrics}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from jetflow.data.features import FeatureCache
-from jetflow.head import DraftHead, HeadConfig, save_head
+from jetflow.head import DraftHead, save_head
 from jetflow.head.copy import copy_inputs
 from jetflow.train.blocks import block_inputs, block_labels, sample_anchors, training_mask
 from jetflow.train.config import TrainConfig
@@ -30,19 +30,15 @@ STATE = "trainer_state.pt"
 
 def build_head(cfg: TrainConfig, target, layer_ids: list[int]) -> DraftHead:
     torch.manual_seed(cfg.seed)
-    hc = HeadConfig.for_target(target, num_hidden_layers=cfg.num_layers, block_size=cfg.block_size,
-                               causal=cfg.causal, target_layer_ids=list(layer_ids), tap_norm=cfg.tap_norm,
-                               anchor_shortcut=cfg.anchor_shortcut, depth_embedding=cfg.depth_embedding,
-                               copy_ngram=cfg.copy_ngram, draft_vocab_size=cfg.draft_vocab)
-    head = DraftHead(hc)
-    if cfg.draft_vocab:
+    head = DraftHead(cfg.head_config(target, layer_ids))
+    if cfg.draft_vocab_size:
         from jetflow.data.vocab import build_draft_vocab
         from jetflow.decode.prompt import stop_token_ids
 
-        head.set_draft_vocab(build_draft_vocab(target.tokenizer, cfg.draft_vocab, always=stop_token_ids(target),
+        head.set_draft_vocab(build_draft_vocab(target.tokenizer, cfg.draft_vocab_size, always=stop_token_ids(target),
                                                vocab_size=target.vocab_size))
     if cfg.init_from_target:
-        src = target.model.model.layers[-cfg.num_layers:]
+        src = target.model.model.layers[-cfg.num_hidden_layers:]
         for dst, layer in zip(head.layers, src):
             own = dst.state_dict()
             own.update({k: v for k, v in layer.state_dict().items() if k in own and own[k].shape == v.shape})
@@ -97,7 +93,7 @@ def evaluate(head: DraftHead, target, data: FeatureCache, indices: list[int], cf
             all_logits.append(logits)
             all_labels.append(labels)
     head.train()
-    return summarize(torch.cat(all_logits), torch.cat(all_labels), cfg.eval_width, cfg.eval_budget)
+    return summarize(torch.cat(all_logits), torch.cat(all_labels), cfg.eval_tree)
 
 
 def held_out_and_training(head: DraftHead, target, data: FeatureCache, cfg: TrainConfig) -> dict[str, HeadEval]:

@@ -1,41 +1,50 @@
 """Tree construction algorithms behind a registry. Each turns per-depth top-W draft log-probs into a
-`DraftTree` of at most `budget` nodes (the root counted)."""
+`DraftTree` of at most `spec.budget` nodes (the root counted), for a validated `TreeSpec`."""
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from jetflow.errors import InvalidSettingError
 from jetflow.tree.draft_tree import DraftTree
+
+if TYPE_CHECKING:
+    from jetflow.tree.spec import TreeSpec
 
 
 class TreeBuilder(Protocol):
-    def __call__(
-        self, root: int, logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int, **opts
-    ) -> DraftTree: ...
+    def __call__(self, root: int, logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int,
+                 width: int, **params) -> DraftTree: ...
 
 
-TREE_BUILDERS: dict[str, TreeBuilder] = {}
+@dataclass(frozen=True)
+class TreeAlgorithm:
+    """A registered builder and the parameters it accepts, with their defaults (what `TreeSpec` validates)."""
+
+    name: str
+    build: TreeBuilder
+    params: dict[str, float] = field(default_factory=dict)
+    chain: bool = False          # drafts one path: width is meaningless, at most D + 1 nodes
 
 
-def register_tree(name: str) -> Callable[[TreeBuilder], TreeBuilder]:
+TREE_BUILDERS: dict[str, TreeAlgorithm] = {}
+
+
+def register_tree(name: str, chain: bool = False, **params: float) -> Callable[[TreeBuilder], TreeBuilder]:
+    """Register a builder under `name`; `params` are the extra keyword parameters it accepts, with defaults."""
     def deco(fn: TreeBuilder) -> TreeBuilder:
-        TREE_BUILDERS[name] = fn
+        TREE_BUILDERS[name] = TreeAlgorithm(name, fn, dict(params), chain)
         return fn
 
     return deco
 
 
-def build_tree(
-    algorithm: str, root: int, logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int, **opts
-) -> DraftTree:
+def build_tree(spec: "TreeSpec", root: int, logp: Sequence[Sequence[float]],
+               tokens: Sequence[Sequence[int]]) -> DraftTree:
     """logp, tokens: D rows of W entries, each row sorted by descending log-prob (depth 1..D)."""
-    if algorithm not in TREE_BUILDERS:
-        raise InvalidSettingError(f"unknown tree algorithm {algorithm!r}; known: {', '.join(sorted(TREE_BUILDERS))}")
-    if budget < 1:
-        raise InvalidSettingError(f"budget must be >= 1 (it counts the root), got {budget}")
-    return TREE_BUILDERS[algorithm](root, logp, tokens, budget, **opts)
+    algo = TREE_BUILDERS[spec.algorithm]
+    return algo.build(root, logp, tokens, spec.budget, spec.width, **{**algo.params, **dict(spec.params)})
 
 
 def _best_first(
@@ -70,25 +79,27 @@ def _best_first(
     return tree
 
 
+def _fanout(logp: Sequence[Sequence[float]], width: int) -> int:
+    """The fanout a width allows: at most the W tokens given per depth."""
+    return min(width, len(logp[0])) if logp else 0
+
+
 @register_tree("accum_logp")
-def accum_logp(root, logp, tokens, budget, width: int | None = None, **_) -> DraftTree:
-    """Best-first on cumulative log-prob, fanout up to `width` (default: all W given)."""
-    w = len(logp[0]) if logp else 0
-    cap = w if width is None else min(width, w)
-    return _best_first(root, logp, tokens, budget, [cap] * len(logp))
+def accum_logp(root, logp, tokens, budget, width) -> DraftTree:
+    """Best-first on cumulative log-prob, fanout up to `width`."""
+    return _best_first(root, logp, tokens, budget, [_fanout(logp, width)] * len(logp))
 
 
-@register_tree("chain")
-def chain(root, logp, tokens, budget, **_) -> DraftTree:
+@register_tree("chain", chain=True)
+def chain(root, logp, tokens, budget, width) -> DraftTree:
     """The DFlash-style linear draft: the argmax spine, width 1."""
     return _best_first(root, logp, tokens, budget, [1] * len(logp))
 
 
-@register_tree("top2gap")
-def top2gap(root, logp, tokens, budget, width: int | None = None, margin: float = 2.0, **_) -> DraftTree:
+@register_tree("top2gap", margin=2.0)
+def top2gap(root, logp, tokens, budget, width, margin: float) -> DraftTree:
     """Per-depth fanout caps: keep the ranks whose log-prob is within `margin` nats of the top-1,
     so a confident depth (top-1/top-2 gap > margin) gets fanout 1 and an uncertain one up to `width`."""
-    w = len(logp[0]) if logp else 0
-    cap = w if width is None else min(width, w)
+    cap = _fanout(logp, width)
     caps = [max(1, sum(1 for r in range(cap) if row[0] - row[r] <= margin)) for row in logp]
     return _best_first(root, logp, tokens, budget, caps)

@@ -26,7 +26,8 @@ from jetflow.errors import (
     InvalidSettingError,
 )
 from jetflow.head.config import HeadConfig
-from jetflow.head.io import CONFIG, WEIGHTS, load_head, resolve_head_path
+from jetflow.head.io import CONFIG, WEIGHTS, load_head
+from jetflow.head.ref import local_head_path
 from jetflow.paths import file_sha256
 from jetflow.vllm import VLLM_VERSION
 
@@ -152,7 +153,7 @@ def export_vllm(head: str | Path, out: str | Path, *, lm_head_weight: torch.Tens
     config.json, model.safetensors, jetflow_export.json (provenance). `lm_head_weight` (V, H) is the
     target's LM head, needed only by draft-vocabulary heads. `dtype` casts floating weights (default:
     as stored). Returns `out`; raises ExportUnsupportedError for heads vLLM would run differently."""
-    src = resolve_head_path(head)
+    src = local_head_path(head)
     model = load_head(src)  # validates that config.json and the weights agree
     cfg = model.config
     check_exportable(cfg, lm_head_weight, lm_head_bias)

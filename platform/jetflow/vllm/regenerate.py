@@ -11,15 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from jetflow.data.prompts import PromptItem
-from jetflow.data.regenerate import (
-    SCHEMA,
-    RegenConfig,
-    cut_at_stop,
-    encode_shard,
-    write_shard,
-)
+from jetflow.data.shards import SCHEMA, cut_at_stop, encode_shard, write_shard
 from jetflow.vllm import require_vllm
+
+if TYPE_CHECKING:
+    from jetflow.data.regenerate import RegenConfig
 
 _ENGINES: dict[tuple, Any] = {}
 
@@ -68,7 +67,7 @@ def regenerate_shard_vllm(cfg: RegenConfig, items: list[PromptItem], path: Path,
     from jetflow.target import TargetModel
 
     target = target or TargetModel.load(cfg.model)
-    encoded, skipped = encode_shard(cfg, items, target.tokenizer)
+    encoded, skipped = encode_shard(items, target.tokenizer, cfg.max_prompt_tokens)
     eos = stop_token_ids(target)  # the same stops the decoder and the HF backend use
     generated: list[Sequence[int]] = []
     if encoded:

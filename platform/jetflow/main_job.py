@@ -1,0 +1,96 @@
+"""The main job (`sweeps/budget.py`, `make demo`): the product pipeline around the budget sweep.
+
+1. choose the head: the one given (folder, name, `models:/…`), else the registry's `champion`, else — on a
+   fresh machine — train the preset (`jetflow.train.pipeline`), log and register it (alias `challenger`);
+2. sweep its tree settings (`jetflow.sweeps.budget`);
+3. store the best lossless setting on its registry version (the tree config Serve uses);
+4. a head trained here goes through the promotion gate, which decides whether it becomes `champion`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from jetflow.errors import InvalidSettingError
+from jetflow.sweeps.budget import BudgetSweepConfig, SweepOutcome, SweptHead, run_budget_sweep
+
+
+@dataclass
+class MainJobConfig:
+    head: str = ""                     # the head to sweep: folder, name, models:/NAME@ALIAS; "" = the champion
+    preset: str = "demo"               # trained first when no head is given and the registry has no champion
+    store_best: bool = True            # write the best setting onto the head's registry version
+    sweep: BudgetSweepConfig = field(default_factory=BudgetSweepConfig)
+
+    def __post_init__(self) -> None:
+        from jetflow.train.pipeline import PRESETS
+
+        if self.preset not in PRESETS:
+            raise InvalidSettingError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+
+
+@dataclass
+class MainJobOutcome:
+    sweep: SweepOutcome
+    trained: bool = False              # the head was trained by this job
+    stored: bool = False               # the best setting is now the version's tree config
+    promotion: str | None = None       # the gate's verdict for a head trained here
+    train_seconds: float = 0.0         # training pipeline + registration (0 when the head existed)
+    seconds: float = 0.0               # the whole job
+
+
+def select_head(cfg: MainJobConfig) -> tuple[SweptHead, bool]:
+    """(the head to sweep, whether it was trained just now)."""
+    from jetflow.head import HeadRef
+    from jetflow.tracking import CHAMPION, find_version, registered_model_name, resolve_alias
+
+    target = cfg.sweep.target
+    if cfg.head:
+        ref = HeadRef.parse(cfg.head)
+        if ref.kind in ("none", "random"):
+            raise InvalidSettingError("the budget sweep needs a trained head, not a random one or none")
+        path = ref.resolve()
+        mv = find_version(target, uri=ref.uri, path=path)
+        return SweptHead(str(path), ref.uri, (mv.name, str(mv.version)) if mv else None), False
+    champ = resolve_alias(target, CHAMPION)
+    if champ is not None:
+        return SweptHead(str(champ.path), f"models:/{champ.name}@{CHAMPION}", (champ.name, champ.version)), False
+    print(f"[main job] no champion registered for {target} ({registered_model_name(target)}): "
+          f"training the {cfg.preset!r} preset first", flush=True)
+    return train_and_register(cfg.preset, target), True
+
+
+def train_and_register(preset: str, target_id: str) -> SweptHead:
+    """Train `preset`, log it as a training run, register it, alias it `challenger`."""
+    from jetflow.target import TargetModel
+    from jetflow.tracking import CHALLENGER, log_training_run, register_head, registered_model_name, set_alias
+    from jetflow.train.pipeline import run_pipeline
+
+    head_dir = run_pipeline(preset, name=preset, model=target_id)
+    target = TargetModel.load(target_id)
+    run_id = log_training_run(head_dir, target_id, target.revision)
+    name = registered_model_name(target_id)
+    version = register_head(run_id, target_id)
+    set_alias(name, CHALLENGER, version)
+    return SweptHead(str(head_dir), f"models:/{name}/{version}", (name, version))
+
+
+def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
+    from jetflow.sweeps.cluster import init_ray
+    from jetflow.tracking import promote, set_tree_config
+
+    t0 = time.perf_counter()
+    init_ray(ray_address)
+    head, trained = select_head(cfg)
+    train_seconds = time.perf_counter() - t0 if trained else 0.0
+    sweep = run_budget_sweep(cfg.sweep, head)
+    out = MainJobOutcome(sweep=sweep, trained=trained, train_seconds=train_seconds)
+    best = sweep.best_tree
+    if best is not None and cfg.store_best and head.registered:
+        set_tree_config(head.registered[0], head.registered[1], best)
+        out.stored = True
+        if trained:  # the head trained for this job: the gate decides whether it becomes champion
+            out.promotion = promote(cfg.sweep.target, head.registered[1], metric=cfg.sweep.select).summary()
+    out.seconds = time.perf_counter() - t0
+    return out
