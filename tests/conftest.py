@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from jetflow.decode import Decoder
+from jetflow.engine import Engine
 from jetflow.target import TargetModel
 
 
@@ -35,6 +36,26 @@ def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int
     return TargetModel(model, tokenizer=None, model_id=f"tiny-{arch}", revision="random")
 
 
+TIE = 1e-4  # logits closer than this are an fp32 tie: kernels of another shape may order them either way
+
+
+def assert_greedy(target, prompt_ids: list[int], got: list[int], expected: list[int]) -> None:
+    """`got` is greedy decoding's `expected`: token-identical, or identical up to a position where the target's
+    own top two logits are an fp32 tie (closer than TIE) and `got` took the other one of the two. A verify
+    forward over N tree nodes runs other kernels than a one-token step, so the last bits of a logit differ;
+    only a tie can flip, and after a flip both continuations are greedy ones."""
+    k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    if k is None:
+        assert len(got) == len(expected), f"lengths differ: {len(got)} vs {len(expected)}"
+        return
+    with torch.inference_mode():
+        logits = target.model(torch.tensor([prompt_ids + expected[:k]], device=target.device)).logits[0, -1]
+    top = torch.topk(logits.float(), 2)
+    gap = float(top.values[0] - top.values[1])
+    assert gap < TIE and got[k] in top.indices.tolist(), (
+        f"diverged at {k}: got {got[k]}, greedy {expected[k]}, top-2 logit gap {gap:.3g} (not a tie)")
+
+
 class OracleDecoder(Decoder):
     """Drafts from a known continuation: at each depth the true next token sits at a random rank
     (or is missing), the other ranks are random tokens. Lets tests force deep, off-spine acceptance."""
@@ -58,3 +79,32 @@ class OracleDecoder(Decoder):
             vals.append([-0.3 - 0.4 * r for r in range(w)])  # branches compete with the spine
             toks.append(row)
         return vals, toks
+
+
+class OracleEngine(Engine):
+    """The batched engine with the same noisy-oracle drafter as `OracleDecoder`, per request: each request's
+    expected continuation is `references[prompt tuple]`."""
+
+    def __init__(self, target, head, references: dict[tuple, list[int]], config=None, miss: float = 0.15,
+                 seed: int = 0):
+        super().__init__(target, head, config)
+        self.references, self.miss, self.rng = references, miss, random.Random(seed)
+
+    def _draft(self, idx, trees):
+        vocab = self.target.vocab_size
+        values, tokens = [], []
+        for i, tree in zip(idx, trees):
+            seq, w = self.running[i], tree.width
+            reference = self.references[tuple(seq.request.prompt_ids)]
+            vals, toks = [], []
+            for k in range(1, self.head.config.depth + 1):
+                pos = seq.past + k
+                true = reference[pos] if pos < len(reference) else None
+                row = [t for t in self.rng.sample(range(vocab), w + 1) if t != true][:w]
+                if true is not None and self.rng.random() > self.miss:
+                    row[self.rng.choices(range(w), weights=[20] + [1] * (w - 1))[0]] = true
+                vals.append([-0.3 - 0.4 * r for r in range(w)])
+                toks.append(row)
+            values.append(vals)
+            tokens.append(toks)
+        return values, tokens

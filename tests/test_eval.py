@@ -188,7 +188,8 @@ def test_settings_name_the_head_kind_carry_tree_specs_and_cap_chains_at_the_bloc
 # ------------------------------------------------------------------------------ the real report
 @pytest.mark.slow
 def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread):
-    from jetflow.tracking import parse_metric_key, validate_report
+    from jetflow.metrics import parse_metric_key
+    from jetflow.tracking import validate_report
 
     torch.manual_seed(0)
     head = LoadedHead(DraftHead(HeadConfig.for_target(smollm)), HeadRef.parse("random"))

@@ -144,3 +144,15 @@ def test_unsupported_architecture_is_refused():
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UnknownModelError, match="not supported"):
         TargetModel(model, tokenizer=None, model_id="gpt2-tiny")
+
+
+def test_assert_greedy_allows_only_a_flip_at_an_fp32_tie():
+    from tests.conftest import assert_greedy
+
+    target = tiny_target("llama")
+    prompt = [3, 1, 4, 1, 5]
+    expected = Decoder(target).generate(prompt, DecodeConfig(max_new_tokens=6)).token_ids
+    assert_greedy(target, prompt, expected, expected)
+    wrong = expected[:3] + [(expected[3] + 1) % target.vocab_size] + expected[4:]
+    with pytest.raises(AssertionError, match="not a tie"):
+        assert_greedy(target, prompt, wrong, expected)

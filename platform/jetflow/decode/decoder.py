@@ -53,6 +53,41 @@ class DecodeState:
     lookahead: float = 2.0                    # running mean of the accepted path length (LM-head prefetch)
 
 
+def commit_tokens(generated: list[int], tokens: Sequence[int], cfg: DecodeConfig, stop_ids: set[int],
+                  tokenizer) -> tuple[int, str | None]:
+    """Append a round's tokens (accepted drafts, then the bonus) to `generated` up to the first stop id or
+    `max_new_tokens`; → (tokens committed, finish reason: "stop", "length" or None to go on). A stop string
+    is looked for in the decoded tail; the text is cut at it by `finish_generation`."""
+    committed = 0
+    for tok in tokens:
+        if len(generated) >= cfg.max_new_tokens:
+            break
+        generated.append(tok)
+        committed += 1
+        if tok in stop_ids:
+            return committed, "stop"
+    if len(generated) >= cfg.max_new_tokens:
+        return committed, "length"
+    if cfg.stop and tokenizer is not None:
+        tail = tokenizer.decode(generated[-64:], skip_special_tokens=True)
+        if any(s in tail for s in cfg.stop):
+            return committed, "stop"
+    return committed, None
+
+
+def finish_generation(tokenizer, generated: list[int], finish_reason: str | None, cfg: DecodeConfig,
+                      stats: DecodeStats) -> Generation:
+    """The Generation of a finished request: its text cut before the first stop string."""
+    text = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
+    finish = finish_reason or "length"
+    if cfg.stop:
+        cut = min((text.find(s) for s in cfg.stop if s in text), default=-1)
+        if cut >= 0:
+            text, finish = text[:cut], "stop"
+    stats.new_tokens = len(generated)
+    return Generation(token_ids=list(generated), text=text, finish_reason=finish, stats=stats)
+
+
 class _PathLogits:
     """Target logits of tree nodes, computed only when the acceptance walk asks for them.
 
@@ -121,15 +156,7 @@ class Decoder:
             yield state
 
     def finish(self, state: DecodeState, cfg: DecodeConfig) -> Generation:
-        tok = self.target.tokenizer
-        text = tok.decode(state.generated, skip_special_tokens=True) if tok is not None else ""
-        finish = state.finish_reason or "length"
-        if cfg.stop:
-            cut = min((text.find(s) for s in cfg.stop if s in text), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-        state.stats.new_tokens = len(state.generated)
-        return Generation(token_ids=list(state.generated), text=text, finish_reason=finish, stats=state.stats)
+        return finish_generation(self.target.tokenizer, state.generated, state.finish_reason, cfg, state.stats)
 
     # ------------------------------------------------------------- the loop
     def _speculative(self, cfg: DecodeConfig) -> bool:
@@ -234,20 +261,9 @@ class Decoder:
             state.ctx[past : past + len(acc.path)] = self.head.project_context(out.features[keep])
         state.past = past + len(acc.path)
         state.anchor = acc.bonus
-        committed = 0
-        for tok in [tree.tokens[i] for i in acc.path[1:]] + [acc.bonus]:
-            if len(state.generated) >= cfg.max_new_tokens:
-                break
-            state.generated.append(tok)
-            committed += 1
-            if tok in self.stop_ids:
-                state.finish_reason = "stop"
-                break
-        if state.finish_reason is None:
-            if len(state.generated) >= cfg.max_new_tokens:
-                state.finish_reason = "length"
-            elif cfg.stop and self._hits_stop(state.generated, cfg.stop):
-                state.finish_reason = "stop"
+        committed, state.finish_reason = commit_tokens(
+            state.generated, [tree.tokens[i] for i in acc.path[1:]] + [acc.bonus], cfg, self.stop_ids,
+            self.target.tokenizer)
         te = self._now()
 
         stats.draft_s += tb - ta
@@ -262,13 +278,6 @@ class Decoder:
         for i in acc.path[1:]:
             stats.accepted_ranks[(tree.depths[i], tree.ranks[i])] += 1
         state.lookahead = 0.9 * state.lookahead + 0.1 * len(acc.path)
-
-    def _hits_stop(self, generated: list[int], stops: list[str]) -> bool:
-        tok = self.target.tokenizer
-        if tok is None:
-            return False
-        tail = tok.decode(generated[-64:], skip_special_tokens=True)
-        return any(s in tail for s in stops)
 
     def _now(self) -> float:
         if self.target.device.type == "cuda":

@@ -59,16 +59,33 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, context, rope_q, rope_kv, mask):
+    def project_kv(self, h: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, T, H) inputs → keys (q/k-normed, rotated at their positions) and values, (b, kv_heads, T, head_dim).
+        A context token's keys/values depend only on its feature and position: decoding caches them."""
+        b = h.shape[0]
+        k = self.k_norm(self.k_proj(h).view(b, -1, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(h).view(b, -1, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rotate(k, *rope), v
+
+    def attend(self, x, rope_q, k, v, mask):
         b, q_len, _ = x.shape
-        kv_in = torch.cat([context, x], dim=1)
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_in).view(b, -1, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(b, -1, self.n_kv, self.head_dim).transpose(1, 2)
-        q = _rotate(q, *rope_q)
-        k = _rotate(k, *rope_kv)
+        q = _rotate(self.q_norm(self.q_proj(x).view(b, q_len, self.n_heads, self.head_dim)).transpose(1, 2), *rope_q)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+    def forward(self, x, context, rope_q, rope_kv, mask):
+        k, v = self.project_kv(torch.cat([context, x], dim=1), rope_kv)
+        return self.attend(x, rope_q, k, v, mask)
+
+    def forward_cached(self, x, rope_q, kv: tuple[torch.Tensor, torch.Tensor], write: torch.Tensor, mask):
+        """x (b, Q, H) normed block inputs; kv = this layer's cached context (keys, values), (b, kv_heads, L,
+        head_dim), into which the block's own keys/values are written at `write` (b, Q) before attending."""
+        keys, values = kv
+        k, v = self.project_kv(x, rope_q)
+        index = write[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+        keys.scatter_(2, index, k)
+        values.scatter_(2, index, v)
+        return self.attend(x, rope_q, keys, values, mask)
 
 
 class MLP(nn.Module):
@@ -92,6 +109,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, context, rope_q, rope_kv, mask):
         x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_cached(self, x, rope_q, kv, write, mask):
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), rope_q, kv, write, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -177,6 +198,23 @@ class DraftHead(nn.Module):
         if mask is None:
             mask = self.block_mask(context.shape[1], block.shape[1], block.device)
         offset = torch.arange(block.shape[1], device=block.device) % self.config.block_size
+        shortcut = None
+        if self.config.anchor_shortcut and context.shape[1] > 0:
+            row = block_positions - offset - 1  # anchor position - 1
+            valid = (row >= 0) & (row < context.shape[1])
+            gathered = context.gather(1, row.clamp(0, context.shape[1] - 1)[..., None].expand(-1, -1, context.shape[-1]))
+            shortcut = gathered * valid[..., None]
+        x = self.block_inputs(block, offset, copy, shortcut)
+        rope_q = self.rotary(block_positions)
+        rope_kv = self.rotary(torch.cat([ctx_positions, block_positions], dim=1))
+        for layer in self.layers:
+            x = layer(x, context, rope_q, rope_kv, mask)
+        return self.norm(x)
+
+    def block_inputs(self, block: torch.Tensor, offset: torch.Tensor, copy=None,
+                     shortcut: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's input vectors: token embeddings (b, Q, H) plus, by option, the learned vector of each
+        offset (Q,), the copy candidates, and the anchor shortcut `shortcut` (b, Q, H) or None."""
         if self.config.depth_embedding:
             block = block + self.depth_embed[offset].to(block.dtype)
         if self.config.copy_ngram:
@@ -185,16 +223,33 @@ class DraftHead(nn.Module):
             embeds, lens = copy
             term = self.copy_norm(embeds.to(block.dtype)) + self.copy_len_embed[(lens - 1).clamp(min=0)].to(block.dtype)
             block = block + term * (lens > 0)[..., None].to(block.dtype)
-        if self.config.anchor_shortcut and context.shape[1] > 0:
-            row = block_positions - offset - 1  # anchor position - 1
-            valid = (row >= 0) & (row < context.shape[1])
-            gathered = context.gather(1, row.clamp(0, context.shape[1] - 1)[..., None].expand(-1, -1, context.shape[-1]))
-            block = block + gathered * valid[..., None]
+        if shortcut is not None:
+            block = block + shortcut.to(block.dtype)
+        return block
+
+    # ------------------------------------------------------------ cached context (decoding engines)
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Projected context features (b, T, H) at positions (b, T) → every layer's (keys, values) of them,
+        (b, kv_heads, T, head_dim): computed once per context token and cached by the engine."""
+        rope = self.rotary(positions)
+        return [layer.self_attn.project_kv(context, rope) for layer in self.layers]
+
+    def forward_cached(self, block: torch.Tensor, block_positions: torch.Tensor, kv: list, write: torch.Tensor,
+                       mask: torch.Tensor, copy=None, shortcut: torch.Tensor | None = None) -> torch.Tensor:
+        """One block per row over cached context keys/values (what `forward` computes, without re-projecting
+        the context): block (b, B, H) embeddings at block_positions (b, B); kv[layer] = (keys, values) of the
+        rows' contexts (b, kv_heads, L, head_dim), written at `write` (b, B) with the block's own; mask
+        (b, 1, B, L) bool; shortcut (b, H) the anchor's context feature (anchor_shortcut heads; zeros when
+        the row has no context). Returns (b, B, H) final-normed hidden states."""
+        offset = torch.arange(block.shape[1], device=block.device)
+        if self.config.anchor_shortcut and shortcut is not None:
+            shortcut = shortcut[:, None, :].expand(-1, block.shape[1], -1)
+        else:
+            shortcut = None
+        x = self.block_inputs(block, offset, copy, shortcut)
         rope_q = self.rotary(block_positions)
-        rope_kv = self.rotary(torch.cat([ctx_positions, block_positions], dim=1))
-        x = block
-        for layer in self.layers:
-            x = layer(x, context, rope_q, rope_kv, mask)
+        for layer, layer_kv in zip(self.layers, kv):
+            x = layer.forward_cached(x, rope_q, layer_kv, write, mask)
         return self.norm(x)
 
     # ------------------------------------------------------------ output vocabulary

@@ -166,20 +166,33 @@ class TargetModel:
         mask: None for plain causal, else (1, 1, N, past+N) additive float (0 = visible).
         layer_ids: 0-based target layers to tap (HF hidden_states[L+1]).
         """
-        n = ids.shape[0]
+        out = self.forward_rows(ids[None], positions[None], cache, mask, layer_ids)
+        return TargetOutput(hidden=out.hidden[0], features=out.features[0])
+
+    @torch.inference_mode()
+    def forward_rows(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache,
+        mask: torch.Tensor | None = None,
+        layer_ids: Sequence[int] = (),
+    ) -> TargetOutput:
+        """`forward` for b rows at once: ids, positions (b, n); mask None or (b, 1, n, L) additive float;
+        returns hidden (b, n, H) and features (b, n, k*H)."""
         out = self._body(
-            input_ids=ids[None],
-            position_ids=positions[None],
+            input_ids=ids,
+            position_ids=positions,
             attention_mask=mask,
             cache=cache,
             use_cache=True,
             output_hidden_states=bool(layer_ids),
         )
-        hidden = out.last_hidden_state[0]
+        hidden = out.last_hidden_state
         if layer_ids:
-            feats = torch.cat([out.hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+            feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
         else:
-            feats = hidden.new_empty((n, 0))
+            feats = hidden.new_empty((*hidden.shape[:2], 0))
         return TargetOutput(hidden=hidden, features=feats)
 
     def tree_mask(self, ancestors: torch.Tensor, past: int, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Draft trees: the tree setting (`TreeSpec`), construction algorithms, ancestor masks, acceptance.
 Pure torch/numpy; imports nothing from the rest of JetFlow but `errors`."""
 
-from jetflow.tree.accept import Acceptance, accept_greedy, accept_sampled, walk
+from jetflow.tree.accept import Acceptance, accept_greedy, accept_sampled, walk, walker
 from jetflow.tree.build import TREE_BUILDERS, TreeAlgorithm, build_tree, register_tree
 from jetflow.tree.draft_tree import DraftTree
 from jetflow.tree.spec import (
@@ -11,5 +11,5 @@ from jetflow.tree.spec import (
 __all__ = [
     "Acceptance", "DEFAULT_BUDGET", "DraftTree", "MAX_BUDGET", "TREE_BUILDERS", "TreeAlgorithm", "TreeSpec",
     "accept_greedy", "accept_sampled", "build_tree", "check_budget", "parse_algorithm", "register_tree",
-    "setting_key", "tree_grid", "walk",
+    "setting_key", "tree_grid", "walk", "walker",
 ]

@@ -9,7 +9,7 @@ many of those tokens one verify forward yields.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 from jetflow.tree.draft_tree import DraftTree
 
@@ -25,18 +25,29 @@ class Acceptance:
         return len(self.path) - 1
 
 
-def walk(tree: DraftTree, next_token: Callable[[int], int]) -> Acceptance:
-    """next_token(node) → the target's token after that node (argmax or a sample)."""
-    node = 0
-    path = [0]
-    kids = tree.children
+def walker(tree: DraftTree) -> Generator[int, int, Acceptance]:
+    """The acceptance walk, one node at a time: yields the node whose next token it needs and is sent that
+    token; returns the Acceptance (as StopIteration.value). `walk` drives one with a callback; a batched
+    engine drives many side by side, computing target logits for all of them at once."""
+    node, path, kids = 0, [0], tree.children
     while True:
-        tok = next_token(node)
+        tok = yield node
         child = kids[node].get(tok)
         if child is None:
             return Acceptance(path=path, bonus=tok)
         path.append(child)
         node = child
+
+
+def walk(tree: DraftTree, next_token: Callable[[int], int]) -> Acceptance:
+    """next_token(node) → the target's token after that node (argmax or a sample)."""
+    steps = walker(tree)
+    node = next(steps)
+    try:
+        while True:
+            node = steps.send(next_token(node))
+    except StopIteration as done:
+        return done.value
 
 
 def accept_greedy(tree: DraftTree, argmax_at: Callable[[int], int]) -> Acceptance:

@@ -1,0 +1,7 @@
+"""The batched engine: continuous batching of tree speculation across requests (slots, chunked prefill,
+one batched draft and one batched verify per step, load-aware speculation)."""
+
+from jetflow.engine.engine import Engine, EngineConfig
+from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError
+
+__all__ = ["Engine", "EngineConfig", "Event", "Request", "RequestCancelledError", "RequestTimeoutError"]

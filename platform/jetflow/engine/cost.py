@@ -1,0 +1,127 @@
+"""The engine's cost model: the time of a whole engine step T(B, N) for B running requests that each verify
+an N-node tree (N = 1: plain decoding, no draft), measured on this device with the engine's own code.
+
+Why whole steps: the isolated verify latency t(N) of `jetflow.eval.cost_model` under-counts a decoding round
+— the draft, the LM head on the walked nodes, the KV compaction and the head-context update come on top —
+so predictions from t(N) ran 0.1-0.4x above the measured speedup (BENCHMARKS.md). A step measured end to
+end carries all of it; the prediction for B rows at budget N is then
+
+    tokens/s(B, N) = Σ_rows τ_row(N) / T(B, N),        speedup over plain = that / (B / T(B, 1)).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from jetflow.errors import InvalidSettingError
+
+
+@dataclass(frozen=True)
+class StepCostCurve:
+    """Median step times ms[i][j] (milliseconds) for batch sizes batch[i] and tree sizes nodes[j] (nodes[0]
+    must be 1, plain decoding), with `context` cached tokens per row, on `device`."""
+
+    device: str
+    context: int
+    batch: tuple[int, ...]
+    nodes: tuple[int, ...]
+    ms: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.batch or not self.nodes or self.nodes[0] != 1:
+            raise InvalidSettingError("a step cost curve needs batch sizes and tree sizes starting at 1")
+        if len(self.ms) != len(self.batch) or any(len(r) != len(self.nodes) for r in self.ms):
+            raise InvalidSettingError("step cost curve: ms must have one row per batch size, one column per tree size")
+        if any(b2 <= b1 for b1, b2 in zip(self.batch, self.batch[1:])) or \
+                any(n2 <= n1 for n1, n2 in zip(self.nodes, self.nodes[1:])):
+            raise InvalidSettingError("step cost curve: batch and tree sizes must increase")
+
+    @staticmethod
+    def _interp(xs: Sequence[int], x: float) -> tuple[int, int, float]:
+        """(i, j, w): x lies between xs[i] and xs[j] with weight w on xs[j]; beyond the ends, the last segment
+        is extended (step time grows about linearly in rows and nodes once compute-bound)."""
+        if len(xs) == 1:
+            return 0, 0, 0.0
+        j = next((k for k in range(1, len(xs)) if x <= xs[k]), len(xs) - 1)
+        i = j - 1
+        return i, j, (x - xs[i]) / (xs[j] - xs[i])
+
+    def step_ms(self, batch: float, nodes: float) -> float:
+        """T(B, N) in ms, bilinear between measured points."""
+        bi, bj, bw = self._interp(self.batch, batch)
+        ni, nj, nw = self._interp(self.nodes, nodes)
+
+        def row(r):
+            return self.ms[r][ni] + (self.ms[r][nj] - self.ms[r][ni]) * nw
+
+        return max(1e-3, row(bi) + (row(bj) - row(bi)) * bw)
+
+    def speedup(self, batch: int, nodes: int, tau: float) -> float:
+        """Predicted tokens/s of B rows at budget N with mean τ, over plain decoding of the same B rows."""
+        return tau * self.step_ms(batch, 1) / self.step_ms(batch, nodes)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "batch": list(self.batch), "nodes": list(self.nodes), "ms": [list(r) for r in self.ms]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepCostCurve":
+        try:
+            return cls(str(d["device"]), int(d["context"]), tuple(d["batch"]), tuple(d["nodes"]),
+                       tuple(tuple(float(x) for x in r) for r in d["ms"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidSettingError(f"not a step cost curve ({exc}); it needs device, context, batch, nodes, ms") from None
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "StepCostCurve":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes: Sequence[int] = (1, 4, 8, 16, 32),
+                       context: int = 200, repeats: int = 5) -> StepCostCurve:
+    """Time engine steps on this device: B rows of `context` random tokens each, every row drafting an
+    N-node accum_logp tree with `head` (a random head is fine: it is the shapes that cost, and a walk that
+    accepts little still pays every forward), decoding until `repeats` timed steps are done after a warm-up
+    step. Trees keep their size whatever is accepted, so every timed step verifies B x N nodes."""
+    from jetflow.decode import DecodeConfig
+    from jetflow.engine.engine import Engine, EngineConfig
+    from jetflow.eval.cost_model import device_name
+    from jetflow.tree import TreeSpec
+
+    batch = sorted(set(batch))
+    nodes = sorted(set(nodes) | {1}) if head is not None else [1]
+    vocab = target.vocab_size
+    rows_ms = []
+    for b in batch:
+        engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b))
+        line = []
+        for n in nodes:
+            tree = TreeSpec("accum_logp", n, 7) if head is not None else TreeSpec(budget=1)
+            cfg = DecodeConfig(tree=tree if n > 1 else TreeSpec(budget=1),
+                               max_new_tokens=engine.max_len - context - (head.config.block_size if head else 0) - 2)
+            prompts = [[(17 * r + 31 * i + 5) % vocab for i in range(context + 1)] for r in range(b)]
+            ids = [engine.add(p, cfg) for p in prompts]
+            while engine.prefilling or engine.waiting:
+                engine.step()
+            engine.step()  # warm-up
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                engine.step()
+                samples.append((time.perf_counter() - t0) * 1000)
+            for rid in ids:
+                engine.cancel(rid)
+            engine.step()
+            line.append(statistics.median(samples))
+        rows_ms.append(tuple(line))
+    return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms))

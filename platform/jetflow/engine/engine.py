@@ -1,0 +1,483 @@
+"""The batched engine: continuous batching of tree speculation across requests.
+
+One `step()` = admit waiting requests into free slots; feed one chunk of their prompts (a long prompt never
+holds running streams for more than one chunk); then, for every running request at once: one batched head
+forward (its context keys/values cached per slot), one tree per row (budgets may differ: rows are padded to
+the step's largest tree), ONE batched target forward under a per-row 4-D mask (own prefix + own tree
+ancestry; padding nodes see only themselves), the LM head only on the nodes the acceptance walks visit,
+per-row acceptance, KV compaction, commit. Finished and cancelled requests leave at once; their slot is
+reused. The reference `Decoder` (one sequence at a time) is what every request's tokens must equal.
+
+Slots: running requests occupy slots [0, R), requests being prefilled [R, R + P), so every forward reads
+contiguous rows of the slot KV (views, no copies).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
+from jetflow.decode.decoder import commit_tokens, finish_generation
+from jetflow.engine.kv import SlotKV, TargetKV
+from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
+from jetflow.errors import InvalidSettingError, PromptTooLongError
+from jetflow.head import check_fits
+from jetflow.head.copy import copy_inputs
+from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, walker
+
+
+@dataclass
+class EngineConfig:
+    max_slots: int = 8                   # requests decoded at once (more wait in the queue)
+    max_model_len: int | None = None     # prompt + generated tokens per request (default: the target's positions)
+    prefill_chunk: int = 128             # prompt tokens fed per request and step (chunked prefill)
+    prefill_tokens: int = 256            # prompt tokens fed per step over all admitted requests (rows padded)
+    policy: str = "fixed"                # fixed: each request's own tree; plain: no speculation; auto: load-aware
+    cost_curve: object = None            # auto: the StepCostCurve of this device (jetflow.engine.cost)
+    budget_table: dict | None = None     # auto: {concurrency: budget}, the budget sweep's best per level
+    tau_prior: dict | None = None        # auto: {budget: τ} measured for the head, the starting estimates
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "prefill_chunk", "prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.policy not in ("fixed", "plain", "auto"):
+            raise InvalidSettingError(f"policy must be fixed, plain or auto, got {self.policy!r}")
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent in the last step, by phase (the benchmark and the cost model read them)."""
+
+    prefill: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+    commit: float = 0.0
+    rows: int = 0
+    nodes: int = 0                       # padded tree width of the verify forward
+    committed: int = 0
+
+
+class Engine:
+    """Continuous batching of tree speculative decoding for one target and (optionally) one draft head.
+    `add` and `cancel` may be called from any thread; `step` from one thread at a time."""
+
+    def __init__(self, target, head=None, config: EngineConfig | None = None, policy=None):
+        from jetflow.engine.policy import make_policy
+
+        self.cfg = config or EngineConfig()
+        if head is not None:
+            check_fits(head.config, target)
+            head = head.to(device=target.device, dtype=target.dtype).eval()
+        self.target, self.head = target, head
+        self.device, self.dtype = target.device, target.dtype
+        self.stop_ids = stop_token_ids(target)
+        self.max_len = min(self.cfg.max_model_len or target.max_positions, target.max_positions)
+        tc = target.config
+        kv_heads = getattr(tc, "num_key_value_heads", tc.num_attention_heads)
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        slots = self.cfg.max_slots
+        extra = head.config.block_size if head is not None else 1
+        self.kv = SlotKV(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device, self.max_len + MAX_BUDGET)
+        self.cache = TargetKV(self.kv)
+        self.layer_ids: tuple[int, ...] = ()
+        if head is not None:
+            hc = head.config
+            self.head_kv = SlotKV(hc.num_hidden_layers, slots, hc.num_key_value_heads, hc.head_dim, self.dtype,
+                                  self.device, self.max_len + extra)
+            self.last_ctx = torch.zeros((slots, hc.hidden_size), dtype=self.dtype, device=self.device)
+            self.layer_ids = tuple(hc.target_layer_ids)
+            self.mask_id = hc.mask_token_id
+        self.running: list[Seq] = []
+        self.prefilling: list[Seq] = []
+        self.waiting: deque[Request] = deque()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.policy = policy or make_policy(self.cfg.policy, self)
+        self.times = StepTimes()
+        self.steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
+            deadline: float | None = None) -> str:
+        """Queue a request; returns its id. PromptTooLongError when it cannot fit this engine."""
+        config = config or DecodeConfig()
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise PromptTooLongError("the prompt is empty: give at least one token")
+        depth = self.head.config.depth if self.head is not None else 0
+        need = len(ids) + config.max_new_tokens + depth + 1
+        if need > self.max_len:
+            raise PromptTooLongError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({config.max_new_tokens}) + draft depth ({depth}) "
+                f"exceeds the {self.max_len} positions this engine holds per request; shorten the prompt or ask "
+                "for fewer tokens")
+        rid = request_id or f"req-{next(self._ids)}"
+        with self._lock:
+            self.waiting.append(Request(rid, ids, config, deadline))
+        return rid
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request (queued or running) at the start of the next step; its slot is freed then."""
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    @property
+    def active(self) -> int:
+        return len(self.running) + len(self.prefilling)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.prefilling or self.waiting)
+
+    def generate(self, prompts: Sequence[Sequence[int]], configs: DecodeConfig | Sequence[DecodeConfig]) -> list[Generation]:
+        """Decode every prompt (all queued at once, `max_slots` at a time); Generations in prompt order."""
+        configs = [configs] * len(prompts) if isinstance(configs, DecodeConfig) else list(configs)
+        order = [self.add(p, c) for p, c in zip(prompts, configs)]
+        done: dict[str, Generation] = {}
+        while len(done) < len(order):
+            for event in self.step():
+                if event.error is not None:
+                    raise event.error
+                if event.finished:
+                    done[event.request_id] = event.generation
+        return [done[rid] for rid in order]
+
+    # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        events: list[Event] = []
+        self.times = StepTimes()
+        self._drop_cancelled_and_late(events)
+        self._admit()
+        if self.prefilling:
+            t0 = time.perf_counter()
+            self._prefill()
+            self.times.prefill = self._now() - t0
+        if self.running:
+            self._decode(events)
+        if not self.has_work() and self.kv.capacity > 2 * 256:
+            self.kv.release()
+        self.steps += 1
+        return events
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # ------------------------------------------------------------------ slots
+    def _admit(self) -> None:
+        with self._lock:
+            while self.waiting and self.active < self.cfg.max_slots:
+                self.prefilling.append(Seq(self.waiting.popleft(), self.device))
+
+    def _copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.kv.copy_slot(src, dst, length)
+        if self.head is not None:
+            self.head_kv.copy_slot(src, dst, length)
+            self.last_ctx[dst] = self.last_ctx[src]
+
+    def _swap_slots(self, a: int, b: int, length: int) -> None:
+        self.kv.swap_slots(a, b, length)
+        if self.head is not None:
+            self.head_kv.swap_slots(a, b, length)
+            self.last_ctx[[a, b]] = self.last_ctx[[b, a]]
+
+    def _remove_running(self, i: int) -> None:
+        """Free slot i of the running group; the groups stay contiguous."""
+        last = len(self.running) - 1
+        if i != last:
+            self._copy_slot(last, i, self.running[last].past)
+            self.running[i] = self.running[last]
+        self.running.pop()
+        if self.prefilling:  # the prefilling group moves down by one: its last row fills the hole
+            hole = len(self.running)
+            moved = self.prefilling.pop()
+            self._copy_slot(hole + len(self.prefilling) + 1, hole, moved.prefilled)
+            self.prefilling.insert(0, moved)
+
+    def _remove_prefilling(self, j: int) -> None:
+        lo = len(self.running)
+        last = len(self.prefilling) - 1
+        if j != last:
+            self._copy_slot(lo + last, lo + j, self.prefilling[last].prefilled)
+            self.prefilling[j] = self.prefilling[last]
+        self.prefilling.pop()
+
+    def _start_running(self, j: int) -> None:
+        """Prefilling row j is done: it becomes the last running row."""
+        lo = len(self.running)
+        if j != 0:
+            a, b = self.prefilling[0], self.prefilling[j]
+            self._swap_slots(lo, lo + j, max(a.prefilled, b.prefilled))
+            self.prefilling[0], self.prefilling[j] = b, a
+        seq = self.prefilling.pop(0)
+        seq.past = seq.prefilled
+        seq.stats.prefill_s = time.monotonic() - seq.admitted
+        self.running.append(seq)
+
+    def _drop_cancelled_and_late(self, events: list[Event]) -> None:
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            now = time.monotonic()
+            late = {r.id for r in self.waiting if r.deadline is not None and r.deadline < now}
+            for req in [r for r in self.waiting if r.id in cancelled or r.id in late]:
+                self.waiting.remove(req)
+                events.append(self._ended(req.id, req.id in late))
+        late |= {s.id for s in self.running + self.prefilling if s.request.deadline is not None
+                 and s.request.deadline < now}
+        for group, remove in ((self.running, self._remove_running), (self.prefilling, self._remove_prefilling)):
+            for i in reversed(range(len(group))):
+                if group[i].id in cancelled or group[i].id in late:
+                    events.append(self._ended(group[i].id, group[i].id in late))
+                    remove(i)
+
+    def _ended(self, rid: str, late: bool) -> Event:
+        error = (RequestTimeoutError(f"request {rid} did not finish before its deadline") if late
+                 else RequestCancelledError(f"request {rid} was cancelled"))
+        return Event(rid, [], finished=True, error=error)
+
+    # ------------------------------------------------------------------ prefill
+    def _prefill(self) -> None:
+        """Feed the next chunk of admitted prompts: FIFO rows while rows x widest chunk <= prefill_tokens."""
+        self._promote_prefilled()  # a one-token prompt has nothing to feed
+        lo = len(self.running)
+        rows, widths = [], []
+        for seq in self.prefilling:
+            n = min(seq.prefill_target - seq.prefilled, self.cfg.prefill_chunk)
+            width = max(widths + [n])
+            if rows and width * (len(rows) + 1) > self.cfg.prefill_tokens:
+                break
+            rows.append(seq)
+            widths.append(n)
+        if not rows:
+            return
+        b, n_max = len(rows), max(widths)
+        dev = self.device
+        start = torch.tensor([s.prefilled for s in rows], device=dev)
+        cols = torch.arange(n_max, device=dev)
+        positions = start[:, None] + cols
+        ids = torch.zeros((b, n_max), dtype=torch.long)
+        for i, (seq, n) in enumerate(zip(rows, widths)):
+            ids[i, :n] = torch.tensor(seq.request.prompt_ids[seq.prefilled: seq.prefilled + n])
+        width = int(start.max()) + n_max
+        real = (cols[None, :] < torch.tensor(widths, device=dev)[:, None])               # (b, n)
+        keys = torch.arange(width, device=dev)
+        causal = keys[None, None, :] <= positions[:, :, None]                            # prefix + causal chunk
+        self_only = keys[None, None, :] == positions[:, :, None]
+        visible = torch.where(real[:, :, None], causal, self_only)
+        out = self.target.forward_rows(ids.to(dev), positions, self.cache.plan(lo, lo + b, positions, width),
+                                       self._additive(visible), self.layer_ids)
+        if self.head is not None:
+            ctx = self.head.project_context(out.features)                                 # (b, n, H)
+            for layer, (k, v) in enumerate(self.head.context_kv(ctx, positions)):
+                self.head_kv.write(layer, lo, lo + b, positions, k, v)
+            last = torch.tensor(widths, device=dev) - 1
+            self.last_ctx[lo: lo + b] = ctx[torch.arange(b, device=dev), last]
+        for seq, n in zip(rows, widths):
+            seq.prefilled += n
+        self._promote_prefilled()
+
+    def _promote_prefilled(self) -> None:
+        while (j := next((j for j, s in enumerate(self.prefilling) if s.prefill_done), None)) is not None:
+            self._start_running(j)
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """(b, n, L) bool → (b, 1, n, L) additive float mask in the target's dtype."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)[:, None]
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, events: list[Event]) -> None:
+        rows = list(self.running)  # _commit removes finished rows from self.running
+        t0 = time.perf_counter()
+        trees = self.policy.choose(rows)
+        drafts = [DraftTree.root_only(s.anchor) for s in rows]
+        spec = [i for i, t in enumerate(trees) if self.head is not None and not t.plain]
+        if spec:
+            values, tokens = self._draft(spec, [trees[i] for i in spec])
+            for j, i in enumerate(spec):
+                drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j])
+        t1 = self._now()
+        out = self._verify(rows, drafts)
+        accs = self._accept(rows, drafts, out.hidden)
+        t2 = self._now()
+        committed = self._commit(rows, drafts, accs, out.features, events, t2 - t0)
+        t3 = self._now()
+        self.times.draft, self.times.verify, self.times.commit = t1 - t0, t2 - t1, t3 - t2
+        self.times.rows, self.times.nodes = len(drafts), max(d.size for d in drafts)
+        self.times.committed = sum(committed)
+        self.policy.observe(rows, trees, committed, self.times)
+
+    def _draft(self, idx: list[int], trees: list) -> tuple[list, list]:
+        """One batched head forward for running rows `idx` → per row the top-W (log-probs, tokens) of each
+        depth, W = that row's tree width."""
+        head, target, dev = self.head, self.target, self.device
+        rows = [self.running[i] for i in idx]
+        b, block = len(rows), head.config.block_size
+        past = torch.tensor([s.past for s in rows], device=dev)
+        cols = torch.arange(block, device=dev)
+        positions = past[:, None] + cols
+        width = int(past.max()) + block
+        self.head_kv.reserve(width)
+        ids = torch.full((b, block), self.mask_id, dtype=torch.long, device=dev)
+        ids[:, 0] = torch.tensor([s.anchor for s in rows], device=dev)
+        contiguous = idx == list(range(idx[0], idx[0] + b))
+        if contiguous:  # views: the block's keys/values are written into the slots' scratch positions
+            kv = [self.head_kv.rows(layer, idx[0], idx[0] + b, width) for layer in range(self.head_kv.num_layers)]
+            shortcut = self.last_ctx[idx[0]: idx[0] + b]
+        else:
+            sel = torch.tensor(idx, device=dev)
+            kv = [(k.index_select(0, sel), v.index_select(0, sel))
+                  for k, v in (self.head_kv.rows(layer, 0, self.cfg.max_slots, width)
+                               for layer in range(self.head_kv.num_layers))]
+            shortcut = self.last_ctx.index_select(0, sel)
+        shortcut = shortcut * (past >= 1)[:, None].to(shortcut.dtype)  # a one-token prompt has no context yet
+        keys = torch.arange(width, device=dev)
+        offset = keys[None, None, :] - past[:, None, None]                                # (b, 1, L)
+        inner = offset <= cols[None, :, None] if head.config.causal else offset < block
+        visible = (keys[None, None, :] < past[:, None, None]) | ((offset >= 0) & inner)
+        copy = None
+        if head.config.copy_ngram:
+            parts = [copy_inputs(head, target, s.ids, [s.past]) for s in rows]
+            copy = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        h = head.forward_cached(target.embed(ids), positions, kv, positions, visible[:, None], copy, shortcut)
+        logp = torch.log_softmax(head.output_logits(target, h[:, 1:]).float(), dim=-1)
+        top = torch.topk(logp, min(max(t.width for t in trees), logp.shape[-1]), dim=-1)
+        values, tokens = top.values.tolist(), head.to_target_ids(top.indices).tolist()
+        return ([[d[: t.width] for d in v] for v, t in zip(values, trees)],
+                [[d[: t.width] for d in k] for k, t in zip(tokens, trees)])
+
+    def _verify(self, rows: list[Seq], drafts: list[DraftTree]):
+        """One target forward over every row's tree, padded to the widest: RoPE position = past + depth."""
+        dev, b = self.device, len(rows)
+        n_max = max(d.size for d in drafts)
+        past = torch.tensor([s.past for s in rows], device=dev)
+        ids = np.zeros((b, n_max), dtype=np.int64)
+        depth = np.zeros((b, n_max), dtype=np.int64)
+        tree_vis = np.zeros((b, n_max, n_max), dtype=bool)
+        tree_vis[:, np.arange(n_max), np.arange(n_max)] = True                           # padding: only itself
+        for i, d in enumerate(drafts):
+            n = d.size
+            ids[i, :n] = d.tokens
+            depth[i, :n] = d.depths
+            depth[i, n:] = np.arange(n, n_max)
+            if n > 1:
+                tree_vis[i, :n, :n] = d.ancestor_mask()
+        cols = torch.arange(n_max, device=dev)
+        write = past[:, None] + cols
+        width = int(past.max()) + n_max
+        keys = torch.arange(width, device=dev)
+        visible = (keys[None, None, :] < past[:, None, None]).expand(b, n_max, width).clone()
+        visible.scatter_(2, write[:, None, :].expand(b, n_max, n_max), torch.from_numpy(tree_vis).to(dev))
+        positions = past[:, None] + torch.from_numpy(depth).to(dev)
+        return self.target.forward_rows(torch.from_numpy(ids).to(dev), positions,
+                                        self.cache.plan(0, b, write, width), self._additive(visible), self.layer_ids)
+
+    def _accept(self, rows: list[Seq], drafts: list[DraftTree], hidden: torch.Tensor) -> list:
+        """Every row's acceptance walk, side by side: each round of LM-head work computes, in one GEMM, the
+        logits of every node some walk waits for (plus its likeliest continuation, `lookahead` long)."""
+        walks = [walker(d) for d in drafts]
+        need = [next(w) for w in walks]
+        known: list[dict[int, tuple[torch.Tensor, int]]] = [{} for _ in rows]
+        spine = []
+        for d in drafts:
+            first = {}
+            for i in range(1, d.size):
+                if d.ranks[i] == 0:
+                    first.setdefault(d.parents[i], i)
+            spine.append(first)
+        accs: list = [None] * len(rows)
+        pending = set(range(len(rows)))
+        while pending:
+            want_r, want_n = [], []
+            for r in sorted(pending):
+                if need[r] in known[r]:
+                    continue
+                chain = [need[r]]
+                while len(chain) < max(1, round(rows[r].lookahead)) and chain[-1] in spine[r]:
+                    chain.append(spine[r][chain[-1]])
+                want_r += [r] * len(chain)
+                want_n += chain
+            if want_r:
+                logits = self.target.logits(hidden[torch.tensor(want_r), torch.tensor(want_n)])
+                best = logits.argmax(-1).tolist()
+                for k, (r, n) in enumerate(zip(want_r, want_n)):
+                    known[r][n] = (logits[k], best[k])
+            for r in sorted(pending):
+                cfg, seq = rows[r].cfg, rows[r]
+                try:
+                    while need[r] in known[r]:
+                        logits, best = known[r][need[r]]
+                        tok = best if cfg.greedy else int(torch.multinomial(
+                            target_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p), 1, generator=seq.rng))
+                        need[r] = walks[r].send(tok)
+                except StopIteration as done:
+                    accs[r] = done.value
+                    pending.discard(r)
+        return accs
+
+    def _commit(self, rows: list[Seq], drafts: list[DraftTree], accs: list, features: torch.Tensor,
+                events: list[Event], seconds: float) -> list[int]:
+        """Keep KV and head context for root + accepted nodes only, commit tokens, finish rows; → tokens
+        committed per row."""
+        dev, b = self.device, len(rows)
+        paths = [a.path for a in accs]
+        k_max = max(len(p) for p in paths)
+        src = torch.tensor([p + [p[-1]] * (k_max - len(p)) for p in paths], device=dev)
+        past = torch.tensor([s.past for s in rows], device=dev)
+        if any(p != list(range(len(p))) for p in paths):
+            self.kv.keep(0, past, src, k_max)
+        if self.head is not None:
+            feats = features.gather(1, src[:, :, None].expand(-1, -1, features.shape[-1]))
+            ctx = self.head.project_context(feats)                                        # (b, k, H)
+            positions = past[:, None] + torch.arange(k_max, device=dev)
+            for layer, (k, v) in enumerate(self.head.context_kv(ctx, positions)):
+                self.head_kv.write(layer, 0, b, positions, k, v)
+            self.last_ctx[:b] = ctx[torch.arange(b, device=dev), torch.tensor([len(p) - 1 for p in paths], device=dev)]
+        per_row = []
+        finished = []
+        now = time.monotonic()
+        for i, (seq, tree, acc) in enumerate(zip(rows, drafts, accs)):
+            seq.past += len(acc.path)
+            seq.anchor = acc.bonus
+            tokens = [tree.tokens[j] for j in acc.path[1:]] + [acc.bonus]
+            before = len(seq.generated)
+            committed, seq.finish_reason = commit_tokens(seq.generated, tokens, seq.cfg, self.stop_ids,
+                                                         self.target.tokenizer)
+            seq.ids += seq.generated[before:]
+            per_row.append(committed)
+            st = seq.stats
+            st.rounds += 1
+            st.decode_s += seconds
+            st.tree_nodes.append(tree.size)
+            st.committed_per_round.append(committed)
+            st.accepted_depths[acc.accepted] += 1
+            for j in acc.path[1:]:
+                st.accepted_ranks[(tree.depths[j], tree.ranks[j])] += 1
+            seq.lookahead = 0.9 * seq.lookahead + 0.1 * len(acc.path)
+            if seq.started is None:
+                seq.started = now
+            event = Event(seq.id, seq.generated[before:])
+            if seq.finish_reason is not None:
+                event.finished = True
+                event.generation = finish_generation(self.target.tokenizer, seq.generated, seq.finish_reason,
+                                                     seq.cfg, st)
+                finished.append(i)
+            events.append(event)
+        for i in reversed(finished):
+            self._remove_running(i)
+        return per_row

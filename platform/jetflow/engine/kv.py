@@ -1,0 +1,114 @@
+"""Slot key/value storage: one row per request slot, each at its own length, in buffers that grow on demand.
+
+`SlotKV` holds, per layer, keys and values of shape (slots, kv_heads, capacity, head_dim). A batched forward
+over slots [lo, hi) writes its new keys/values at each row's own positions (`plan`) and attends over the
+first `width` positions of those rows — a view, never a copy; the 4-D mask hides what a row must not see.
+`TargetKV` plugs the same storage into a Hugging Face model forward as its `cache`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+GROW = 256  # capacity grows in steps of this many positions
+
+
+class SlotKV:
+    """Keys/values of `num_layers` layers for `slots` rows."""
+
+    def __init__(self, num_layers: int, slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, max_len: int):
+        self.num_layers, self.slots, self.kv_heads, self.head_dim = num_layers, slots, kv_heads, head_dim
+        self.dtype, self.device, self.max_len = dtype, device, max_len
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.reserve(GROW)
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` positions per row (rounded up to GROW, at most max_len)."""
+        if length <= self.capacity:
+            return
+        if length > self.max_len:
+            raise ValueError(f"slot length {length} exceeds max_len {self.max_len}")
+        cap = min(self.max_len, -(-length // GROW) * GROW)
+        shape = (self.slots, self.kv_heads, cap, self.head_dim)
+        new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        for old, new in zip(self.keys + self.values, new_k + new_v):
+            new[:, :, : self.capacity] = old
+        self.keys, self.values, self.capacity = new_k, new_v, cap
+
+    def release(self) -> None:
+        """Shrink back to the initial capacity (all slots free): a long prompt does not pin memory forever."""
+        self.capacity, self.keys, self.values = 0, [], []
+        self.reserve(GROW)
+
+    def rows(self, layer: int, lo: int, hi: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of rows [lo, hi), positions [0, width)."""
+        return self.keys[layer][lo:hi, :, :width], self.values[layer][lo:hi, :, :width]
+
+    def write(self, layer: int, lo: int, hi: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v (b, kv_heads, n, head_dim) into rows [lo, hi) at positions (b, n)."""
+        index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
+        self.keys[layer][lo:hi].scatter_(2, index, k)
+        self.values[layer][lo:hi].scatter_(2, index, v)
+
+    def keep(self, lo: int, starts: torch.Tensor, src: torch.Tensor, dst_count: int) -> None:
+        """Compaction after acceptance, for rows lo .. lo + len(starts): row i keeps its positions
+        starts[i] + src[i, j] as starts[i] + j (src (b, m) long, ascending per row; a row that keeps fewer than m
+        repeats its last position, which lands beyond its new length)."""
+        hi = lo + starts.shape[0]
+        gather = (starts[:, None] + src)[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
+        put = (starts[:, None] + torch.arange(dst_count, device=starts.device))[:, None, :, None].expand_as(gather)
+        for buf in self.keys + self.values:
+            rows = buf[lo:hi]
+            rows.scatter_(2, put, rows.gather(2, gather))
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        for buf in self.keys + self.values:
+            buf[dst, :, :length] = buf[src, :, :length]
+
+    def swap_slots(self, a: int, b: int, length: int) -> None:
+        for buf in self.keys + self.values:
+            tmp = buf[a, :, :length].clone()
+            buf[a, :, :length] = buf[b, :, :length]
+            buf[b, :, :length] = tmp
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class _PlannedLayer(DynamicLayer):
+    """A cache layer of a HF model that writes into / reads from `SlotKV` rows as the step's plan says."""
+
+    def __init__(self, owner: "TargetKV", index: int):
+        super().__init__()
+        self.owner, self.index = owner, index
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        o = self.owner
+        o.store.write(self.index, o.lo, o.hi, o.positions, key_states, value_states)
+        self.keys, self.values = o.store.rows(self.index, o.lo, o.hi, o.width)
+        return self.keys, self.values
+
+
+class TargetKV(DynamicCache):
+    """The target's slot KV as a Hugging Face cache: `plan(lo, hi, positions, width)` before each forward."""
+
+    def __init__(self, store: SlotKV):
+        super().__init__()
+        self.store = store
+        self.layers = [_PlannedLayer(self, i) for i in range(store.num_layers)]
+        self.lo = self.hi = self.width = 0
+        self.positions: torch.Tensor | None = None
+
+    def plan(self, lo: int, hi: int, positions: torch.Tensor, width: int) -> "TargetKV":
+        """The next forward covers rows [lo, hi); its n tokens per row go to `positions` (b, n) and attention
+        reads positions [0, width)."""
+        self.store.reserve(width)
+        self.lo, self.hi, self.positions, self.width = lo, hi, positions, width
+        return self

@@ -1,0 +1,237 @@
+"""The batched engine against the reference `Decoder`: for any order of requests joining, finishing and
+being cancelled, every request's tokens equal what the reference decoder gives that prompt alone (greedy:
+greedy AR; sampling: the same seed, the same tokens). Tiny random targets for the mechanics, the real
+bundled SmolLM2 for the property test; a noisy-oracle drafter forces deep, off-spine acceptance so KV
+compaction and multi-token commits are exercised."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jetflow.decode import DecodeConfig, Decoder
+from jetflow.engine import Engine, EngineConfig, RequestCancelledError, RequestTimeoutError
+from jetflow.engine.cost import StepCostCurve
+from jetflow.errors import PromptTooLongError
+from jetflow.head import DraftHead, HeadConfig
+from jetflow.tree import TreeSpec
+from tests.conftest import OracleEngine, assert_greedy, tiny_target
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _prompts(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 120, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
+
+
+CONFIGS = [DecodeConfig(tree=TreeSpec(a, b, 3), max_new_tokens=m) for a, b, m in (
+    ("accum_logp", 8, 20), ("chain", 4, 9), ("top2gap", 16, 30), ("accum_logp", 1, 15), ("chain", 6, 25),
+    ("accum_logp", 12, 5), ("accum_logp", 3, 18))]
+
+
+# ------------------------------------------------------------------------------ tiny targets
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_engine_tokens_equal_the_reference_decoder_for_mixed_trees_under_slot_pressure(arch, one_thread):
+    target = tiny_target(arch)
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6, copy_ngram=2, anchor_shortcut=True,
+                                           depth_embedding=True))
+    prompts = _prompts(len(CONFIGS), seed=1)
+    reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, CONFIGS)]
+    engine = Engine(target, head, EngineConfig(max_slots=3, prefill_chunk=7, prefill_tokens=16))
+    assert [g.token_ids for g in engine.generate(prompts, CONFIGS)] == reference
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_oracle_drafts_accepted_deep_and_off_spine_still_give_greedy_ar(causal, one_thread):
+    target = tiny_target("qwen3")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=8, causal=causal))
+    prompts = _prompts(6, seed=3)
+    cfg = DecodeConfig(tree=TreeSpec("accum_logp", 24, 4), max_new_tokens=40)
+    ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=40)).token_ids for p in prompts]
+    engine = OracleEngine(target, head, {tuple(p): p + a for p, a in zip(prompts, ar)},
+                          EngineConfig(max_slots=4, prefill_chunk=5, prefill_tokens=12), seed=2)
+    out = engine.generate(prompts, cfg)
+    assert [g.token_ids for g in out] == ar
+    assert sum(g.stats.tau for g in out) / len(out) > 2.0          # deep acceptance happened
+    assert any(r > 0 for g in out for (_, r) in g.stats.accepted_ranks)  # and off the argmax spine
+
+
+def test_sampling_with_a_seed_gives_the_reference_decoders_tokens(one_thread):
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    prompts = _prompts(5, seed=4)
+    cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.8, top_p=0.9, seed=s, max_new_tokens=20)
+            for s in range(5)]
+    reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, cfgs)]
+    assert [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=2)).generate(prompts, cfgs)] == reference
+
+
+def test_an_engine_without_a_head_is_batched_plain_decoding(one_thread):
+    target = tiny_target("qwen2")
+    prompts = _prompts(5, seed=5)
+    ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=12)).token_ids for p in prompts]
+    engine = Engine(target, None, EngineConfig(max_slots=5))
+    assert [g.token_ids for g in engine.generate(prompts, DecodeConfig(max_new_tokens=12))] == ar
+    assert engine.kv.capacity == 256 and not engine.has_work()
+
+
+def test_cancelled_and_late_requests_leave_with_an_error_and_free_their_slot(one_thread):
+    target = tiny_target("llama")
+    engine = Engine(target, None, EngineConfig(max_slots=1))
+    cfg = DecodeConfig(max_new_tokens=50)
+    first = engine.add([5, 6, 7], cfg)
+    queued = engine.add([8, 9], cfg)
+    engine.step()
+    assert engine.active == 1 and engine.queued == 1
+    engine.cancel(first)
+    events = engine.step()                      # the cancelled slot is free within one step
+    assert [(e.request_id, type(e.error)) for e in events if e.error] == [(first, RequestCancelledError)]
+    assert engine.running and engine.running[0].id == queued
+    late = engine.add([1, 2], cfg, deadline=0.0)  # already past its deadline
+    events = engine.step()
+    assert [(e.request_id, type(e.error)) for e in events if e.error] == [(late, RequestTimeoutError)]
+    with pytest.raises(PromptTooLongError, match="positions"):
+        engine.add(list(range(500)), DecodeConfig(max_new_tokens=100))
+
+
+def test_cached_head_forward_equals_the_full_forward():
+    target = tiny_target("qwen3")
+    for causal in (True, False):
+        torch.manual_seed(1)
+        head = DraftHead(HeadConfig.for_target(target, block_size=6, causal=causal, anchor_shortcut=True,
+                                               depth_embedding=True, tap_norm=True)).eval()
+        for p in head.parameters():  # no identity layers: every weight matters
+            p.data.add_(torch.randn_like(p) * 0.05)
+        past, block = 11, head.config.block_size
+        ctx = torch.randn(1, past, target.hidden_size)
+        emb = torch.randn(1, block, target.hidden_size)
+        ctx_pos, blk_pos = torch.arange(past)[None], torch.arange(past, past + block)[None]
+        full = head(ctx, emb, ctx_pos, blk_pos)
+        kv = [(torch.zeros(1, k.shape[1], past + block, k.shape[-1]), torch.zeros(1, k.shape[1], past + block, k.shape[-1]))
+              for k, _ in head.context_kv(ctx, ctx_pos)]
+        for (k, v), (kk, vv) in zip(kv, head.context_kv(ctx, ctx_pos)):
+            k[:, :, :past], v[:, :, :past] = kk, vv
+        mask = head.block_mask(past, block)
+        cached = head.forward_cached(emb, blk_pos, kv, blk_pos, mask, shortcut=ctx[:, -1])
+        torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ the auto policy
+def _curve(step_ms) -> StepCostCurve:
+    batch, nodes = (1, 2, 4, 8), (1, 4, 8)
+    return StepCostCurve("test", 100, batch, nodes, tuple(tuple(step_ms(b, n) for n in nodes) for b in batch))
+
+
+def test_step_cost_curve_interpolates_between_measured_points():
+    curve = _curve(lambda b, n: 10.0 * b + n)
+    assert curve.step_ms(2, 4) == 24.0 and curve.step_ms(3, 4) == pytest.approx(34.0)
+    assert curve.step_ms(16, 1) == pytest.approx(161.0)          # the last segment, extended
+    assert curve.speedup(1, 8, 2.0) == pytest.approx(2 * 11 / 18)
+    assert StepCostCurve.from_dict(curve.to_dict()) == curve
+
+
+def test_auto_policy_speculates_alone_goes_plain_under_load_and_waits_before_switching(one_thread):
+    from jetflow.engine.auto import AutoPolicy
+
+    target = tiny_target("llama")
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    # a device where one row verifies 8 nodes for 1.25x one token, but 8 rows x 8 nodes cost 4x plain
+    curve = _curve(lambda b, n: (10.0 if n == 1 else 12.5) * (1 + (b * n - 1) / 16 if b * n > 8 else 1))
+    engine = Engine(target, head, EngineConfig(max_slots=8, policy="auto", cost_curve=curve, tau_prior={4: 1.6, 8: 2.0}))
+    policy: AutoPolicy = engine.policy
+    engine.add([1, 2, 3], DecodeConfig(tree=TreeSpec(budget=8, width=3), max_new_tokens=200))
+    engine.step()
+    assert policy.last_choice > 1                                # alone: speculating pays
+    for k in range(7):
+        engine.add([4 + k, 5, 6], DecodeConfig(tree=TreeSpec(budget=8, width=3), max_new_tokens=200))
+    engine.step()
+    assert policy.last_choice > 1                                # hysteresis: not at the first step under load
+    for _ in range(policy.patience + 1):
+        engine.step()
+    assert policy.last_choice == 1                               # eight rows: plain decoding wins
+
+
+# ------------------------------------------------------------------------------ the real model
+NEW = 24
+REAL_CONFIGS = {
+    "tree16": DecodeConfig(tree=TreeSpec("accum_logp", 16, 7), max_new_tokens=NEW),
+    "chain8": DecodeConfig(tree=TreeSpec("chain", 8), max_new_tokens=NEW),
+    "plain": DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=NEW),
+    "sampled": DecodeConfig(tree=TreeSpec("accum_logp", 8, 7), temperature=0.9, top_k=40, seed=11, max_new_tokens=NEW),
+}
+
+
+@pytest.fixture(scope="module")
+def real(smollm):
+    from jetflow.data import load_prompts
+    from jetflow.decode import encode_prompt
+
+    items = load_prompts("mtbench", limit=3) + load_prompts("humaneval", limit=3)
+    prompts = [encode_prompt(smollm.tokenizer, it.chat) for it in items]
+    ar = {tuple(p): Decoder(smollm).generate(p, DecodeConfig(max_new_tokens=NEW)).token_ids for p in prompts}
+    torch.manual_seed(7)
+    head = DraftHead(HeadConfig.for_target(smollm, block_size=8, copy_ngram=3, anchor_shortcut=True,
+                                           depth_embedding=True, tap_norm=True))
+    return prompts, ar, head, {}
+
+
+@pytest.mark.slow
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "add", "step", "cancel"]), st.integers(0, 5),
+                              st.sampled_from(sorted(REAL_CONFIGS))), min_size=3, max_size=14))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_schedule_of_joins_finishes_and_cancels_gives_each_request_its_reference_tokens(smollm, real, ops):
+    """Random arrival / step / cancel schedules on the real SmolLM2, three slots, chunked prefill, trees of
+    several kinds and sampling side by side: each request that is not cancelled ends with exactly the tokens
+    the reference decoder gives its prompt alone; each cancelled one ends with a cancel event."""
+    prompts, ar, head, sampled_refs = real
+    engine = OracleEngine(smollm, head, {tuple(p): p + ar[tuple(p)] for p in prompts},
+                          EngineConfig(max_slots=3, prefill_chunk=24, prefill_tokens=48), seed=len(ops))
+    meta, cancelled, ended = {}, set(), {}
+
+    def run(events):
+        for e in events:
+            assert e.request_id not in ended, "a request ended twice"
+            if e.finished:
+                ended[e.request_id] = e
+
+    for op, k, name in ops:
+        if op == "add":
+            meta[engine.add(prompts[k], REAL_CONFIGS[name])] = (k, name)
+        elif op == "cancel" and meta:
+            rid = sorted(meta)[k % len(meta)]
+            if rid not in ended:
+                engine.cancel(rid)
+                cancelled.add(rid)
+        else:
+            run(engine.step())
+    while engine.has_work():
+        run(engine.step())
+    assert set(ended) == set(meta)
+    for rid, (k, name) in meta.items():
+        event = ended[rid]
+        if rid in cancelled:
+            assert isinstance(event.error, RequestCancelledError) or event.error is None  # it may have finished first
+            continue
+        assert event.error is None
+        cfg, ids = REAL_CONFIGS[name], prompts[k]
+        if cfg.greedy:
+            assert_greedy(smollm, ids, event.generation.token_ids, ar[tuple(ids)])
+        else:
+            key = (k, name)
+            if key not in sampled_refs:
+                sampled_refs[key] = Decoder(smollm).generate(ids, cfg).token_ids  # sampling: one draw per token
+            assert event.generation.token_ids == sampled_refs[key]
