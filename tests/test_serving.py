@@ -1,10 +1,12 @@
 """The OpenAI-compatible endpoint, started for real: Ray Serve on 127.0.0.1, the bundled target, the
-official `openai` client. Two applications share one Serve instance:
+official `openai` client. Three applications share one Serve instance:
 
 - "spec" serves the registry's champion (a random-init causal head registered in a temporary MLflow
-  store, with a stored tree config), so speculation is real and every greedy output must equal the
-  decoder's;
-- "plain" reads an empty registry: no champion, plain decoding, said so; autoscaled 1 → 2 replicas.
+  store, with a stored tree config) on the batched engine, so speculation is real and every greedy output
+  must equal the reference decoder's, alone or with others in the batch;
+- "plain" reads an empty registry: no champion, plain decoding, said so; autoscaled 1 → 2 replicas;
+- "tiny" has one slot, no queue and a 2-second deadline, under the load-aware policy (given a cost curve):
+  the 429, deadline and replica-death paths.
 
 Plus the parts that need no server: incremental detokenization, request and config validation.
 """
@@ -38,7 +40,8 @@ MAX_NEW = 10
 CAP = 48                                                        # the apps' max_tokens
 MAX_PROMPT = 200
 COMMON = {"replica_cpus": 0.5, "torch_threads": 1, "max_prompt_tokens": MAX_PROMPT, "max_tokens": CAP,
-          "default_max_tokens": MAX_NEW}
+          "default_max_tokens": MAX_NEW, "policy": "fixed"}
+TINY_DEADLINE_S = 2.0
 CHAT = [{"role": "system", "content": "You are a concise assistant."},
         {"role": "user", "content": "Name three primary colors."}]
 CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -111,11 +114,17 @@ def served(smollm, tmp_path_factory):
         ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=metrics_port)
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+            from jetflow.engine.cost import StepCostCurve
+
+            curve = StepCostCurve("test", 100, (1, 2), (1, 4), ((40.0, 60.0), (50.0, 80.0))).save(home / "curve.json")
             serve.run_many([
                 RunTarget(build_app(COMMON), name="spec", route_prefix="/spec"),
                 RunTarget(build_app({**COMMON, "tracking_uri": f"sqlite:///{home / 'empty.db'}", "max_replicas": 2,
                                      "target_ongoing_requests": 1, "upscale_delay_s": 0}),
                           name="plain", route_prefix="/plain"),
+                RunTarget(build_app({**COMMON, "max_slots": 1, "max_queued_requests": 0, "policy": "auto",
+                                     "cost_curve": str(curve), "request_timeout_s": TINY_DEADLINE_S}),
+                          name="tiny", route_prefix="/tiny"),
             ])
             yield Served(f"http://127.0.0.1:{http_port}", f"http://127.0.0.1:{metrics_port}/metrics",
                          Path(ctx.address_info["session_dir"]) / "logs", champion)
@@ -330,6 +339,106 @@ def test_a_slow_streaming_client_does_not_block_other_requests(served):
         slow.close()
 
 
+@pytest.mark.slow
+def test_eight_concurrent_greedy_requests_are_batched_and_each_gets_the_text_it_gets_alone(served, ar):
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    alone = [greedy(ar, [{"role": "user", "content": p}], max_new=16).text for p in prompts]  # = jetflow generate
+    peak = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak.append(_active(served, "spec"))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda p: served.client("spec").chat.completions.create(
+                model=TARGET, messages=[{"role": "user", "content": p}], max_tokens=16, temperature=0), prompts))
+    finally:
+        done.set()
+        watcher.join()
+    assert [r.choices[0].message.content for r in replies] == alone
+    assert max(peak) >= 2, "the requests were never in the engine's batch together"
+
+
+@pytest.mark.slow
+def test_a_full_replica_answers_429_with_the_openai_error_body(served):
+    slow = _open_stream(served, "tiny", CAP)       # the one slot: a long generation under way
+    try:
+        next(slow.iter_lines())
+        r = served.post("tiny", "/v1/chat/completions", {**GOOD, "max_tokens": 2})
+        assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert err["code"] == "rate_limit_exceeded" and "retry later" in err["message"]
+        with pytest.raises(openai.RateLimitError):
+            served.client("tiny").chat.completions.create(model=TARGET, messages=CHAT, max_tokens=2)
+    finally:
+        slow.close()
+
+
+@pytest.mark.slow
+def test_a_request_past_its_deadline_gets_504_and_the_next_one_is_served(served):
+    # a generation far longer than TINY_DEADLINE_S on this CPU (48 tokens at several tokens per second)
+    deadline = time.monotonic() + HANG_S
+    while _active(served, "tiny") and time.monotonic() < deadline:  # the previous test's stream left
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    counting = {"model": TARGET, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": CAP, "temperature": 0}
+    r = served.post("tiny", "/v1/completions", counting)  # counting on: no early stop
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["code"] == "timeout" and "request_timeout_s" in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < TINY_DEADLINE_S + 30
+    reply = served.client("tiny").completions.create(model=TARGET, prompt=CODE, max_tokens=2, temperature=0)
+    assert reply.usage.completion_tokens == 2     # the slot was freed
+
+
+@pytest.mark.slow
+def test_a_non_streaming_client_that_gives_up_frees_its_slot(served):
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(f"{served.url}/spec/v1/chat/completions", timeout=1.5, data=json.dumps(
+            {**GOOD, "messages": CHAT, "max_tokens": CAP, "temperature": 0}), headers={"content-type": "application/json"})
+    deadline = time.monotonic() + 30
+    while _active(served, "spec") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _active(served, "spec") == 0
+
+
+@pytest.mark.slow
+def test_killing_a_replica_mid_request_gives_the_client_an_error_and_serve_replaces_it(served):
+    import os
+    import signal
+
+    from ray import serve
+
+    pid = served.get("tiny", "/healthz")["pid"]
+    stream = _open_stream(served, "tiny", CAP)
+    lines = stream.iter_lines()
+    next(lines)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    rest = b""
+    try:
+        rest = b"".join(lines)                      # the stream ends (truncated) instead of hanging
+    except requests.exceptions.RequestException:
+        pass
+    assert time.monotonic() - t0 < HANG_S and not rest.endswith(b"data: [DONE]")
+    deadline = time.monotonic() + 3 * HANG_S
+    while time.monotonic() < deadline:
+        try:
+            if served.get("tiny", "/healthz")["pid"] != pid:
+                break
+        except (AssertionError, requests.exceptions.RequestException):
+            pass
+        time.sleep(1)
+    state = serve.status().applications["tiny"].deployments["JetFlow"].replica_states
+    assert state.get("RUNNING") == 1, state
+    assert served.client("tiny").completions.create(model=TARGET, prompt=CODE, max_tokens=2,
+                                                    temperature=0).usage.completion_tokens == 2
+
+
 # ------------------------------------------------------------------------- load, autoscaling, ids, metrics
 
 
@@ -405,7 +514,7 @@ def test_text_stream_deltas_concatenate_to_the_final_text_and_hold_back_stop_pre
     ids = tok.encode("Hello wörld — naïve café 日本語 END tail", add_special_tokens=False)
     text = tok.decode(ids, skip_special_tokens=True)
     stream = TextStream(tok, stop=["END"])
-    out = "".join(stream.update(ids[:k]) for k in range(1, len(ids) + 1))
+    out = "".join(stream.update([t]) for t in ids)  # one new token at a time, as the engine commits them
     final = text[: text.find("END")]
     assert "\ufffd" not in out and final.startswith(out)
     assert out + stream.finish(final) == final

@@ -125,3 +125,28 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
             line.append(statistics.median(samples))
         rows_ms.append(tuple(line))
     return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms))
+
+
+def cached_step_curve(target, head, max_slots: int, max_budget: int, context: int = 200) -> StepCostCurve:
+    """The step cost curve of this target, head shape and device, measured once per machine and kept under
+    `$JETFLOW_HOME/cost/` (batch sizes 1, 2, 4, … up to `max_slots`; tree sizes 1, 4, 8, … up to
+    `max_budget`): the auto policy of every later engine on this machine starts from it."""
+    import hashlib
+
+    import torch
+
+    from jetflow.eval.cost_model import device_name
+    from jetflow.paths import jetflow_home
+
+    batch = sorted({min(max_slots, 2 ** k) for k in range(0, 8) if 2 ** k <= 2 * max_slots} | {max_slots})
+    nodes = sorted({1} | {n for n in (4, 8, 16, 32, 64, 128, 256) if n <= max(max_budget, 4)})
+    identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
+                "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
+                "context": context, "head": head.config.to_dict() if head is not None else None}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = jetflow_home() / "cost" / f"steps-{key}.json"
+    if path.is_file():
+        return StepCostCurve.load(path)
+    curve = measure_step_curve(target, head, batch, nodes, context)
+    curve.save(path)
+    return curve

@@ -282,6 +282,7 @@ class Engine:
         out = self.target.forward_rows(ids.to(dev), positions, self.cache.plan(lo, lo + b, positions, width),
                                        self._additive(visible), self.layer_ids)
         if self.head is not None:
+            self.head_kv.reserve(width)
             ctx = self.head.project_context(out.features)                                 # (b, n, H)
             for layer, (k, v) in enumerate(self.head.context_kv(ctx, positions)):
                 self.head_kv.write(layer, lo, lo + b, positions, k, v)
@@ -445,6 +446,7 @@ class Engine:
             feats = features.gather(1, src[:, :, None].expand(-1, -1, features.shape[-1]))
             ctx = self.head.project_context(feats)                                        # (b, k, H)
             positions = past[:, None] + torch.arange(k_max, device=dev)
+            self.head_kv.reserve(int(past.max()) + k_max)
             for layer, (k, v) in enumerate(self.head.context_kv(ctx, positions)):
                 self.head_kv.write(layer, 0, b, positions, k, v)
             self.last_ctx[:b] = ctx[torch.arange(b, device=dev), torch.tensor([len(p) - 1 for p in paths], device=dev)]

@@ -25,7 +25,7 @@ class SlotKV:
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.reserve(GROW)
+        self.reserve(min(GROW, max_len))
 
     def reserve(self, length: int) -> None:
         """Make room for `length` positions per row (rounded up to GROW, at most max_len)."""
@@ -44,7 +44,7 @@ class SlotKV:
     def release(self) -> None:
         """Shrink back to the initial capacity (all slots free): a long prompt does not pin memory forever."""
         self.capacity, self.keys, self.values = 0, [], []
-        self.reserve(GROW)
+        self.reserve(min(GROW, self.max_len))
 
     def rows(self, layer: int, lo: int, hi: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of rows [lo, hi), positions [0, width)."""

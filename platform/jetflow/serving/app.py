@@ -14,6 +14,7 @@ for anything a client can send.
 # as a class to validate the builder args with pydantic.
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -27,9 +28,10 @@ from ray import serve
 from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jetflow.engine import RequestTimeoutError
 from jetflow.errors import JetFlowError, PromptTooLongError, UnknownModelError
 from jetflow.serving.config import ServeConfig
-from jetflow.serving.engine import Event, GenerationEngine, request_error
+from jetflow.serving.engine import Event, GenerationEngine, QueueFullError, request_error
 from jetflow.serving.selection import check_head_exists
 from jetflow.serving.schema import (
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChunkChoice,
@@ -58,6 +60,10 @@ def status_of(exc: Exception) -> tuple[int, str | None]:
         return 404, "model_not_found"
     if isinstance(exc, PromptTooLongError):
         return 400, "context_length_exceeded"
+    if isinstance(exc, QueueFullError):
+        return 429, "rate_limit_exceeded"
+    if isinstance(exc, RequestTimeoutError):
+        return 504, "timeout"
     return 400, None
 
 
@@ -87,7 +93,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 @api.exception_handler(JetFlowError)
 async def _user_error(request: Request, exc: JetFlowError) -> JSONResponse:
     status, code = status_of(exc)
-    return error_response(status, str(exc), param=getattr(exc, "param", None), code=code)
+    kind = {429: "rate_limit_error", 504: "timeout_error"}.get(status, "invalid_request_error")
+    return error_response(status, str(exc), param=getattr(exc, "param", None), code=code, type_=kind)
 
 
 @api.exception_handler(Exception)
@@ -121,10 +128,11 @@ async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Even
             yield event
 
 
-@serve.deployment(name="JetFlow", health_check_period_s=10)
+@serve.deployment(name="JetFlow", health_check_period_s=10, health_check_timeout_s=30)
 @serve.ingress(api)
 class JetFlowServer:
-    """One replica: the target, the chosen head and a GenerationEngine; stateless between requests."""
+    """One replica: the target, the chosen head and a GenerationEngine — the batched engine, stepped by its
+    own thread; requests join and leave its batch at every step."""
 
     def __init__(self, config: dict):
         import psutil
@@ -139,12 +147,21 @@ class JetFlowServer:
             os.environ["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        target = TargetModel.load(cfg.model)
+        target = TargetModel.load(cfg.model, device="cuda" if cfg.replica_gpus > 0 else "cpu")
         choice = choose_head(cfg, target)
-        self.cfg, self.engine, self.metrics = cfg, GenerationEngine(target, choice, cfg), ServingMetrics()
+        curve = None
+        if choice.speculative and cfg.policy == "auto":
+            from jetflow.engine.cost import StepCostCurve, cached_step_curve
+
+            curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else
+                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget))
+        engine = GenerationEngine(target, choice, cfg, cost_curve=curve, budget_table=choice.budget_table,
+                                  tau_prior=choice.tau_prior)
+        self.cfg, self.engine, self.metrics = cfg, engine, ServingMetrics()
         self.model_id = cfg.served_name or target.model_id
         self._process = psutil.Process()
         self._created = int(time.time())
+        self._seq = itertools.count()
         if choice.speculative:
             log.info("serving %s (%s) with head %s, tree %s; %d torch threads", self.model_id, target.revision,
                      choice.label, choice.tree.to_dict(), torch.get_num_threads())
@@ -152,11 +169,21 @@ class JetFlowServer:
             log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision, choice.note)
 
     # ------------------------------------------------------------------ info routes
+    def check_health(self) -> None:
+        """Serve's replica health check: a dead or stuck engine thread makes the replica unhealthy (Serve
+        then replaces it)."""
+        ok, why = self.engine.loop.healthy()
+        if not ok:
+            raise RuntimeError(why)
+
     @api.get("/healthz")
-    def healthz(self) -> dict:
-        """Liveness plus what a load test wants to see: in-flight generations, resident memory."""
-        return {"status": "ok", "model": self.model_id, "speculative": self.engine.choice.speculative,
-                "active": self.engine.active, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
+    def healthz(self) -> JSONResponse:
+        """Liveness plus what a load test wants to see: running and queued generations, resident memory."""
+        ok, why = self.engine.loop.healthy()
+        body = {"status": "ok" if ok else why, "model": self.model_id, "speculative": self.engine.choice.speculative,
+                "active": self.engine.active, "queued": self.engine.queued, "slots": self.cfg.max_slots,
+                "steps": self.engine.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @api.get("/v1/models")
     def models(self) -> ModelList:
@@ -169,29 +196,30 @@ class JetFlowServer:
 
     # ------------------------------------------------------------------ generation routes
     @api.post("/v1/completions")
-    async def completions(self, body: CompletionRequest):
-        return await self._serve("completions", body, body.prompt, chat=False, max_tokens=body.max_tokens,
+    async def completions(self, body: CompletionRequest, request: Request):
+        return await self._serve("completions", request, body, body.prompt, chat=False, max_tokens=body.max_tokens,
                                  respond=self._completion_response, stream=self._completion_stream)
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest):
-        return await self._serve("chat", body, body.chat(), chat=True, max_tokens=body.requested_tokens,
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        return await self._serve("chat", request, body, body.chat(), chat=True, max_tokens=body.requested_tokens,
                                  respond=self._chat_response, stream=self._chat_stream)
 
-    async def _serve(self, endpoint: str, body, prompt, chat: bool, max_tokens: int | None,
+    async def _serve(self, endpoint: str, request: Request, body, prompt, chat: bool, max_tokens: int | None,
                      respond: Callable, stream: Callable):
         t0 = time.perf_counter()
-        # the proxy's request id (the client's x-request-id when it sent one; echoed in the response)
-        rid = serve.context._get_serve_request_context().request_id
+        # Serve's request id: the client's x-request-id when it sent one, else the one Serve gave it (echoed
+        # in the response's x-request-id header)
+        rid = request.headers.get("x-request-id") or f"{os.getpid()}-{next(self._seq)}"
         try:
             if body.model != self.model_id:
                 raise request_error(UnknownModelError, f"model {body.model!r} is not served here; use "
                                     f"{self.model_id!r} (GET /v1/models)", "model")
-            ids = self.engine.encode(prompt, chat=chat)
+            ids = await asyncio.to_thread(self.engine.encode, prompt, chat)  # tokenizing off the event loop
             dcfg = self.engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop,
                                              body.seed)
-            events = self.engine.events(ids, dcfg)
-            first = await anext(events)  # prefill + first round: request errors surface before any byte is sent
+            events = self.engine.events(rid, ids, dcfg)
+            first = await anext(events)  # the first tokens: request errors surface before any byte is sent
         except JetFlowError as exc:
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
             log.info("%s %s rejected: %s", endpoint, rid, exc)
@@ -203,9 +231,14 @@ class JetFlowServer:
             chunks = stream(rid, first, events, body.include_usage, self._first_text(endpoint, t0))
             return StreamingResponse(self._timed(endpoint, rid, t0, chunks), media_type="text/event-stream")
         gen = first.done
-        if gen is None:
-            async for event in events:
-                gen = event.done or gen
+        try:
+            if gen is None:
+                async for event in events:
+                    gen = event.done or gen
+        except JetFlowError as exc:  # e.g. the deadline passed while it ran
+            self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
+            log.info("%s %s ended: %s", endpoint, rid, exc)
+            raise
         self._record(endpoint, rid, t0, gen)
         return respond(rid, gen)
 
@@ -311,6 +344,7 @@ def build_app(args: ServeConfig) -> Application:
     return JetFlowServer.options(
         autoscaling_config=cfg.autoscaling_config(),
         max_ongoing_requests=cfg.max_ongoing_requests,
-        ray_actor_options={"num_cpus": cfg.replica_cpus},
+        max_queued_requests=cfg.max_queued_requests + cfg.max_slots,  # the proxy's own backstop (503)
+        ray_actor_options={"num_cpus": cfg.replica_cpus, "num_gpus": cfg.replica_gpus},
         logging_config={"log_level": cfg.log_level},
     ).bind(cfg.model_dump())

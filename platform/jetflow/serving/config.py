@@ -38,16 +38,25 @@ class ServeConfig(BaseModel):
     max_tokens: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
     default_max_tokens: int = Field(128, ge=1, description="max_tokens when a request gives none")
     seed: int = Field(0, description="init seed of a 'random' head")
-    decode_threads: int = Field(1, ge=1, description="rounds run at once per replica (requests interleave "
-                                                     "round by round on these threads)")
+    max_slots: int = Field(8, ge=1, description="requests decoded at once per replica, batched (the engine's slots)")
+    max_queued_requests: int = Field(16, ge=0, description="requests waiting for a slot per replica; more get 429")
+    request_timeout_s: float | None = Field(600.0, gt=0, description="a request not finished by then gets 504 and "
+                                                                     "leaves its slot (unset: no deadline)")
+    policy: Literal["auto", "fixed", "plain"] = Field(
+        "auto", description="speculation per step: auto (load-aware: plain or a budget up to the tree's, from the "
+                            "measured step cost and the rows' acceptance), fixed (always the tree), plain")
+    prefill_chunk: int = Field(128, ge=1, description="prompt tokens fed per request and engine step")
+    prefill_tokens: int = Field(256, ge=1, description="prompt tokens fed per engine step over all new requests")
+    cost_curve: str | None = Field(None, description="a step cost curve JSON (jetflow.engine.cost) for the auto "
+                                                     "policy; unset: measured once on this machine and cached")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per replica (default: Ray's "
                                                               "OMP_NUM_THREADS, i.e. replica_cpus rounded, min 1)")
     replica_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved per replica")
+    replica_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica (the target loads on cuda then)")
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(1, ge=1)
-    target_ongoing_requests: float = Field(2.0, gt=0, description="autoscaler's target of in-flight requests "
-                                                                  "per replica")
-    max_ongoing_requests: int = Field(8, ge=1, description="in-flight requests per replica; more wait in the proxy")
+    target_ongoing_requests: float | None = Field(None, gt=0, description="autoscaler's target of in-flight "
+                                                                          "requests per replica (default: max_slots)")
     upscale_delay_s: float = Field(5.0, ge=0)
     downscale_delay_s: float = Field(60.0, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -87,9 +96,16 @@ class ServeConfig(BaseModel):
         return self
 
     def autoscaling_config(self) -> dict[str, Any]:
+        """Scale on how full the replicas' slots are: a replica with every slot busy is at its target."""
         return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                "target_ongoing_requests": self.target_ongoing_requests,
+                "target_ongoing_requests": self.target_ongoing_requests or self.max_slots,
                 "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s}
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """What Serve lets into a replica: its slots, its queue, and one more, which the replica answers
+        with 429 itself (OpenAI's error body, not the proxy's 503)."""
+        return self.max_slots + self.max_queued_requests + 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

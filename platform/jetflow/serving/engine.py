@@ -1,25 +1,34 @@
-"""The per-replica generation engine: one Decoder, rounds run off the event loop, text streamed.
+"""The per-replica generation engine: one batched `jetflow.engine.Engine`, stepped by one background thread
+(`EngineLoop`), feeding each request's queue on the event loop.
 
-The decoder is synchronous CPU code. Each round of each request is one task on a small thread pool
-(`decode_threads`, default 1), so concurrent requests interleave round by round and the event loop
-stays free for other requests and slow clients. A request whose client went away is simply never
-asked for its next round: at most the round already running finishes.
+Requests join and leave the running batch at every step; tokenizing happens in the request's handler off the
+event loop (a worker thread), detokenizing incrementally in the engine thread (only the new tokens' text).
+A request waits in the engine's queue while every slot is busy; past `max_queued_requests` waiting it is
+refused (429). A request past its deadline, or whose client went away, leaves the batch at the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
-from jetflow.decode import DecodeConfig, Decoder, Generation
-from jetflow.errors import InvalidSettingError, PromptTooLongError
+from jetflow.decode import DecodeConfig, Generation
+from jetflow.engine import Engine, EngineConfig, RequestTimeoutError
+from jetflow.errors import InvalidSettingError, JetFlowError, PromptTooLongError
 from jetflow.serving.config import ServeConfig
 from jetflow.serving.schema import JetFlowUsage, Usage
 from jetflow.serving.selection import HeadChoice
 from jetflow.tree import TreeSpec
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(JetFlowError):
+    """Every slot is busy and the queue holds `max_queued_requests` already (HTTP 429)."""
 
 
 @dataclass
@@ -39,49 +48,170 @@ def request_error(cls: type[Exception], message: str, param: str | None) -> Exce
 
 
 class TextStream:
-    """Growing token ids → text deltas whose concatenation is the final (stop-cut) text.
+    """Growing token ids → text deltas whose concatenation is the final (stop-cut) text, decoding only a
+    window around the new tokens (the last `prefix` tokens give the new text its context).
 
-    Text that may still change is held back: a trailing incomplete UTF-8 sequence (decoded as
-    U+FFFD) and a tail that could be the start of a stop string.
+    Text that may still change is held back: a trailing incomplete UTF-8 sequence (decoded as U+FFFD) and a
+    tail that could be the start of a stop string.
     """
 
     def __init__(self, tokenizer, stop: Sequence[str]):
-        self.tokenizer, self.stop, self.sent = tokenizer, list(stop), 0
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.ids: list[int] = []
+        self.prefix = self.read = 0      # ids[prefix:read] decode to text already part of `text`
+        self.text = ""                   # everything decoded so far
+        self.sent = 0                    # characters of `text` handed out
 
-    def update(self, token_ids: Sequence[int]) -> str:
-        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        safe = len(text.rstrip("\ufffd"))
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def update(self, new_ids: Sequence[int]) -> str:
+        self.ids += list(new_ids)
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+        safe = len(self.text)
         for s in self.stop:
-            cut = text.find(s)
+            cut = self.text.find(s)
             if cut >= 0:
                 safe = min(safe, cut)
                 continue
-            for k in range(min(len(s) - 1, len(text)), 0, -1):  # longest tail that begins s
-                if text.endswith(s[:k]):
-                    safe = min(safe, len(text) - k)
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):  # longest tail that begins s
+                if self.text.endswith(s[:k]):
+                    safe = min(safe, len(self.text) - k)
                     break
         if safe <= self.sent:
             return ""
-        delta, self.sent = text[self.sent:safe], safe
+        delta, self.sent = self.text[self.sent:safe], safe
         return delta
 
     def finish(self, final_text: str) -> str:
+        """The rest of the final text. (Its first `sent` characters are what was handed out: the final text is
+        the whole decode, cut at a stop string, of which every delta was a prefix.)"""
         return final_text[self.sent:]
 
 
-class GenerationEngine:
-    """A loaded target + head choice, serving generations concurrently on `decode_threads` threads."""
+class _Subscriber:
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: TextStream):
+        self.loop, self.stream, self.queue = loop, stream, asyncio.Queue()
+        self.tokens = 0
 
-    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig):
-        self.target, self.choice, self.cfg = target, choice, cfg
-        self.decoder = Decoder(target, choice.head if choice.speculative else None)
-        self._pool = ThreadPoolExecutor(max_workers=cfg.decode_threads, thread_name_prefix="jetflow-decode")
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class EngineLoop:
+    """Steps one Engine on a background thread while it has work; hands each request's events to its
+    subscriber. `healthy()` is False when the thread died or a step has been running too long."""
+
+    def __init__(self, engine: Engine, tokenizer, stuck_after_s: float = 120.0):
+        self.engine, self.tokenizer, self.stuck_after_s = engine, tokenizer, stuck_after_s
+        self._subs: dict[str, _Subscriber] = {}
         self._lock = threading.Lock()
-        self.active = 0              # generations holding decoder state (started, not finished or dropped)
+        self._wake = threading.Event()
+        self._stop = False
+        self.error: BaseException | None = None
+        self.step_started: float | None = None     # monotonic time the running step began; None between steps
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name="jetflow-engine", daemon=True)
+        self._thread.start()
 
-    # ------------------------------------------------------------------ requests → decoder inputs
+    def submit(self, request_id: str, ids: list[int], cfg: DecodeConfig, deadline: float | None) -> _Subscriber:
+        sub = _Subscriber(asyncio.get_running_loop(), TextStream(self.tokenizer, cfg.stop))
+        with self._lock:
+            self._subs[request_id] = sub
+        try:
+            self.engine.add(ids, cfg, request_id=request_id, deadline=deadline)
+        except JetFlowError:
+            with self._lock:
+                self._subs.pop(request_id, None)
+            raise
+        self._wake.set()
+        return sub
+
+    def cancel(self, request_id: str) -> None:
+        self.engine.cancel(request_id)
+        self._wake.set()
+
+    def healthy(self) -> tuple[bool, str]:
+        if self.error is not None or not self._thread.is_alive():
+            return False, f"the engine thread is dead ({self.error!r})"
+        started = self.step_started
+        if started is not None and time.monotonic() - started > self.stuck_after_s:
+            return False, f"an engine step has been running for {time.monotonic() - started:.0f} s"
+        return True, "ok"
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                if not self.engine.has_work():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                self.step_started = time.monotonic()
+                events = self.engine.step()
+                self.step_started = None
+                self.steps += 1
+                for event in events:
+                    self._deliver(event)
+        except BaseException as exc:  # noqa: BLE001 - every waiting request must hear about it
+            log.exception("the engine loop died")
+            self.error = exc
+            with self._lock:
+                subs, self._subs = dict(self._subs), {}
+            for sub in subs.values():
+                sub.put(exc)
+
+    def _deliver(self, event) -> None:
+        with self._lock:
+            sub = self._subs.get(event.request_id)
+            if sub is not None and event.finished:
+                del self._subs[event.request_id]
+        if sub is None:
+            return
+        if event.error is not None:
+            sub.put(event.error)
+            return
+        sub.tokens += len(event.tokens)
+        text = sub.stream.update(event.tokens) if event.tokens else ""
+        if event.finished:
+            sub.put(Event(text + sub.stream.finish(event.generation.text), sub.tokens, done=event.generation))
+        elif text:
+            sub.put(Event(text, sub.tokens))
+
+
+class GenerationEngine:
+    """A loaded target + head choice, serving generations batched across requests."""
+
+    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig, cost_curve=None, budget_table=None,
+                 tau_prior=None):
+        self.target, self.choice, self.cfg = target, choice, cfg
+        policy = cfg.policy if choice.speculative else "plain"
+        engine_cfg = EngineConfig(max_slots=cfg.max_slots, max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
+                                  prefill_chunk=cfg.prefill_chunk, prefill_tokens=cfg.prefill_tokens, policy=policy,
+                                  cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior)
+        self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
+        self.loop = EngineLoop(self.engine, target.tokenizer)
+
+    @property
+    def active(self) -> int:
+        return self.engine.active
+
+    @property
+    def queued(self) -> int:
+        return self.engine.queued
+
+    # ------------------------------------------------------------------ requests → engine inputs
     def encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:
         """Completions: text fed as is (or token ids); chat: messages through the chat template."""
+        from jetflow.decode import encode_prompt
+
         param = "messages" if chat else "prompt"
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             if any(not 0 <= t < self.target.vocab_size for t in prompt):
@@ -89,7 +219,7 @@ class GenerationEngine:
                                     f"0..{self.target.vocab_size - 1}", param)
             ids = list(prompt)
         else:
-            ids = self.decoder.encode(prompt, raw=not chat)
+            ids = encode_prompt(self.target.tokenizer, prompt, raw=not chat)
         if len(ids) > self.cfg.max_prompt_tokens:
             raise request_error(PromptTooLongError, f"the prompt has {len(ids)} tokens; this server accepts at "
                                 f"most {self.cfg.max_prompt_tokens}: shorten it", param)
@@ -97,7 +227,7 @@ class GenerationEngine:
 
     def decode_config(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int,
                       stop: list[str], seed: int | None) -> DecodeConfig:
-        """Request sampling settings + the served tree settings → a validated DecodeConfig."""
+        """Request sampling settings + the served tree setting → a validated DecodeConfig."""
         n = self.cfg.default_max_tokens if max_tokens is None else max_tokens
         if n > self.cfg.max_tokens:
             raise request_error(InvalidSettingError, f"max_tokens {n} exceeds this server's limit of "
@@ -116,44 +246,36 @@ class GenerationEngine:
                                           tokens_per_s=round(s.tokens_per_s, 3), note=self.choice.note))
 
     # ------------------------------------------------------------------ generation
-    async def events(self, ids: list[int], cfg: DecodeConfig) -> AsyncIterator[Event]:
-        """Text deltas round by round; the last event carries the Generation. Errors the decoder
-        raises for the request (prompt too long for the target, ...) come from the first step."""
-        loop = asyncio.get_running_loop()
-        rounds = self.decoder.stream(ids, cfg)
-        text = TextStream(self.target.tokenizer, cfg.stop)
-        self._enter()
-        pending: Future | None = None
-        state, held = None, True
+    async def events(self, request_id: str, ids: list[int], cfg: DecodeConfig) -> AsyncIterator[Event]:
+        """Text deltas as the engine commits tokens; the last event carries the Generation. Raises
+        QueueFullError (every slot busy, the queue full), PromptTooLongError, RequestTimeoutError (deadline).
+        Closing the iterator early (a client that left) cancels the request: its slot is freed at the next
+        engine step."""
+        if self.engine.queued >= self.cfg.max_queued_requests and self.engine.active >= self.cfg.max_slots:
+            raise QueueFullError(f"this replica is full: {self.cfg.max_slots} requests running and "
+                                 f"{self.engine.queued} waiting; retry later")
+        timeout = self.cfg.request_timeout_s
+        deadline = time.monotonic() + timeout if timeout else None
+        sub = self.loop.submit(request_id, ids, cfg, deadline)
+        finished = False
         try:
             while True:
-                pending = self._pool.submit(next, rounds, None)
-                step = await asyncio.wrap_future(pending, loop=loop)
-                pending = None
-                if step is None:
-                    break
-                state = step
-                delta = text.update(state.generated)
-                if delta:
-                    yield Event(delta, len(state.generated))
-            gen = self.decoder.finish(state, cfg)
-            held = False
-            self._exit()  # before the last yield: a consumer may never come back for more
-            yield Event(text.finish(gen.text), len(gen.token_ids), done=gen)
+                item = await sub.queue.get()
+                if isinstance(item, RequestTimeoutError):
+                    finished = True
+                    raise RequestTimeoutError(f"the request did not finish within {timeout:g} s "
+                                              "(request_timeout_s); ask for fewer tokens or retry")
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.done is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
         finally:
-            if held and pending is not None and not pending.done():
-                # dropped mid-round (client gone): release the slot when that round ends
-                pending.add_done_callback(lambda _: self._exit())
-            elif held:
-                self._exit()
-
-    def _enter(self) -> None:
-        with self._lock:
-            self.active += 1
-
-    def _exit(self) -> None:
-        with self._lock:
-            self.active -= 1
+            if not finished:
+                self.loop.cancel(request_id)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.loop.close()

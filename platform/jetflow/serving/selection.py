@@ -24,6 +24,8 @@ class HeadChoice:
     loaded: LoadedHead | None      # the head and where it came from; None for plain decoding
     tree: TreeSpec | None          # None when plain
     note: str | None = None        # said plainly when not speculating (or when something was overridden)
+    budget_table: dict | None = None   # {concurrency: budget} the main job measured for this head (auto policy)
+    tau_prior: dict | None = None      # {budget: τ} measured for this head (the auto policy's first estimates)
 
     @property
     def head(self):
@@ -94,4 +96,6 @@ def _registered(cfg: ServeConfig, target) -> HeadChoice:
     ref = HeadRef.parse(f"models:/{found.name}/{found.version}")
     head = load_head(found.path, device=target.device, dtype=target.dtype)
     tree = cfg.tree or found.tree_config or TreeSpec()
-    return HeadChoice(LoadedHead(head, ref, found.path), tree, note=note)
+    table = found.budget_table if cfg.tree is None else None  # measured for the stored tree, not another
+    return HeadChoice(LoadedHead(head, ref, found.path), tree, note=note, budget_table=table,
+                      tau_prior=found.tau_by_budget)

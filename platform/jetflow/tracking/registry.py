@@ -33,6 +33,8 @@ from jetflow.tracking.store import client, experiment_for, local_root, safe_name
 NAME_SUFFIX = "-jetflow-head"
 CHAMPION, CHALLENGER, PREVIOUS_CHAMPION = "champion", "challenger", "previous-champion"
 TREE_CONFIG_TAG = "jetflow.tree_config"
+BUDGET_TABLE_TAG = "jetflow.budget_by_concurrency"   # {"concurrency": budget}: the budget sweep's best per level
+TAU_TAG = "jetflow.tau_by_budget"                   # {"budget": τ}: the sweep's τ of the stored tree's kind
 WEIGHTS_TAG = "jetflow.weights_sha256"
 HEAD_ARTIFACT = "head"
 CACHE_DIR = "registry"  # downloaded versions: <local root>/registry/<store hash>/<name>/<version>/
@@ -216,6 +218,27 @@ def set_tree_config(name: str, version: str, tree: TreeSpec) -> None:
     client().set_model_version_tag(name, str(mv.version), TREE_CONFIG_TAG, tree.to_json())
 
 
+def set_serving_profile(name: str, version: str, budget_table: dict[int, int],
+                        tau_by_budget: dict[int, float]) -> None:
+    """Store what the serving engine's load-aware policy starts from: the best budget per concurrency level
+    (1 = plain decoding) and the τ measured per budget, as JSON tags."""
+    if any(int(c) < 1 or int(b) < 1 for c, b in budget_table.items()):
+        raise InvalidSettingError(f"budget table keys (concurrency) and values (budget) must be >= 1: {budget_table}")
+    mv = get_version(name, str(version))
+    c = client()
+    c.set_model_version_tag(name, str(mv.version), BUDGET_TABLE_TAG,
+                            json.dumps({str(k): int(v) for k, v in sorted(budget_table.items())}))
+    c.set_model_version_tag(name, str(mv.version), TAU_TAG,
+                            json.dumps({str(k): round(float(v), 4) for k, v in sorted(tau_by_budget.items())}))
+
+
+def _int_map(text: str | None) -> dict[int, float] | None:
+    try:
+        return {int(k): v for k, v in json.loads(text).items()} if text else None
+    except (ValueError, AttributeError):
+        return None
+
+
 # --------------------------------------------------------------------------- champion lookup
 def eval_runs(target_id: str, name: str, version: str, max_results: int = 20) -> list[Run]:
     """Finished evaluation runs of one registered version, newest first."""
@@ -235,6 +258,8 @@ class RegisteredHead:
     path: Path
     tree_config: TreeSpec | None = None
     tree_config_error: str | None = None
+    budget_table: dict[int, int] | None = None       # {concurrency: budget}, when the main job measured it
+    tau_by_budget: dict[int, float] | None = None
     run_id: str | None = None
     metrics: dict = field(default_factory=dict)
 
@@ -267,4 +292,6 @@ def resolve_alias(target_id: str, alias: str = CHAMPION) -> RegisteredHead | Non
         except InvalidSettingError as exc:
             error = str(exc)
     return RegisteredHead(name=name, version=str(mv.version), path=path, tree_config=tree,
-                          tree_config_error=error, run_id=mv.run_id, metrics=metrics)
+                          tree_config_error=error, run_id=mv.run_id, metrics=metrics,
+                          budget_table=_int_map(mv.tags.get(BUDGET_TABLE_TAG)),
+                          tau_by_budget=_int_map(mv.tags.get(TAU_TAG)))
