@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
               else "not stored (--store-best false)")
     print(f"best for {sweep.head.label}: {sweep.best_tree.label()} at temperature {b['temperature']:g} "
           f"(τ {b['tau']:.2f}, speedup {b['speedup']:.2f}x vs AR) — {stored}")
+    if sweep.budget_table:
+        levels = ", ".join(f"{c} → {'plain' if b == 1 else b}" for c, b in sorted(sweep.budget_table.items()))
+        print(f"best budget per concurrency (requests in flight → budget): {levels}")
     if out.promotion:
         print(out.promotion)
     trained = f"; training before it {out.train_seconds / 60:.1f} min" if out.trained else ""

@@ -36,24 +36,14 @@ def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int
     return TargetModel(model, tokenizer=None, model_id=f"tiny-{arch}", revision="random")
 
 
-TIE = 1e-4  # logits closer than this are an fp32 tie: kernels of another shape may order them either way
-
-
 def assert_greedy(target, prompt_ids: list[int], got: list[int], expected: list[int]) -> None:
-    """`got` is greedy decoding's `expected`: token-identical, or identical up to a position where the target's
-    own top two logits are an fp32 tie (closer than TIE) and `got` took the other one of the two. A verify
-    forward over N tree nodes runs other kernels than a one-token step, so the last bits of a logit differ;
-    only a tie can flip, and after a flip both continuations are greedy ones."""
-    k = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
-    if k is None:
-        assert len(got) == len(expected), f"lengths differ: {len(got)} vs {len(expected)}"
-        return
-    with torch.inference_mode():
-        logits = target.model(torch.tensor([prompt_ids + expected[:k]], device=target.device)).logits[0, -1]
-    top = torch.topk(logits.float(), 2)
-    gap = float(top.values[0] - top.values[1])
-    assert gap < TIE and got[k] in top.indices.tolist(), (
-        f"diverged at {k}: got {got[k]}, greedy {expected[k]}, top-2 logit gap {gap:.3g} (not a tie)")
+    """`got` is greedy decoding's `expected`: token-identical, or first different where the target's own top
+    two logits are an fp32 tie and `got` took the other one (`jetflow.decode.lossless`)."""
+    from jetflow.decode.lossless import first_divergence
+
+    d = first_divergence(target, prompt_ids, got, expected)
+    assert d is None or d.tie, (f"diverged at {d.index}: got {d.got}, greedy {d.expected}, top-2 logit gap "
+                                f"{d.gap:.3g} (not a tie)")
 
 
 class OracleDecoder(Decoder):

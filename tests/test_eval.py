@@ -193,7 +193,8 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
 
     torch.manual_seed(0)
     head = LoadedHead(DraftHead(HeadConfig.for_target(smollm)), HeadRef.parse("random"))
-    cfg = EvalConfig(prompts_per_set=1, max_new_tokens=12, budgets=[4], curve_repeats=1, context_tokens=32)
+    cfg = EvalConfig(prompts_per_set=1, max_new_tokens=12, budgets=[4], curve_repeats=1, context_tokens=32,
+                     concurrency=[2])
     report = evaluate(smollm, [head], cfg)
 
     validate_report(report)  # the tracking side's own check of the contract
@@ -218,6 +219,10 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
             assert r["budget"] == 4 and r["predicted_speedup"] > 0 and r["draft_ms"] > 0
             assert r["algorithm"] in ("chain", "accum_logp") and r["tree"]["budget"] == 4
     assert report["metrics"]["lossless"] == 1.0
+    ours = [r for r in rows if r["method"] in ("ar", "causal")]
+    assert all(r["throughput"]["2"] > 0 and r["speedup_at"]["2"] > 0 for r in ours)  # two requests in flight
+    assert [r["speedup_at"]["2"] for r in ours if r["method"] == "ar"] == [1.0, 1.0]
+    assert report["metrics"]["tokens_per_s_c2/humaneval/causal/accum_logp-b4w7-t0"] > 0
     assert report["metrics"]["speedup_vs_ar/mtbench/ar/t0"] == 1.0
     assert "tau/humaneval/causal/accum_logp-b4w7-t0" in report["metrics"]
     assert "tau/humaneval/causal/chain-b4w1-t0" in report["metrics"]

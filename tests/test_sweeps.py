@@ -21,7 +21,7 @@ import yaml
 
 from jetflow.errors import InvalidSettingError
 from jetflow.main_job import MainJobConfig, run_main_job
-from jetflow.sweeps.budget import BudgetSweepConfig, pick_best, trial_metrics
+from jetflow.sweeps.budget import BudgetSweepConfig, budget_by_concurrency, pick_best, tau_by_budget, trial_metrics
 from jetflow.tree import TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,13 +66,26 @@ def test_best_is_the_fastest_lossless_trial():
     assert pick_best([rows[0]], "speedup") is None
 
 
+def test_the_best_budget_per_concurrency_falls_back_to_plain_where_no_budget_beats_it():
+    def row(spec, tau, s1, s8):
+        return dict(tree=spec.to_dict(), budget=spec.budget, temperature=0.0, lossless=1.0, tau=tau,
+                    speedup_c1=s1, speedup_c8=s8)
+
+    rows = [row(TreeSpec("accum_logp", 4), 1.5, 1.2, 0.9), row(TreeSpec("accum_logp", 8), 1.7, 1.3, 0.8),
+            row(TreeSpec("chain", 8), 1.4, 2.0, 1.5)]  # another kind: not the best's
+    assert budget_by_concurrency(rows, rows[1]) == {1: 8, 8: 1}
+    assert tau_by_budget(rows, rows[1]) == {4: 1.5, 8: 1.7}
+
+
 def test_trial_metrics_average_the_speculative_rows_over_sets():
     row = dict(method="causal", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
+               throughput={"4": 30.0}, speedup_at={"4": 0.9},
                lossless=True)
     report = {"rows": [row, {**row, "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
                        {"method": "ar", "tokens_per_s": 8.0}]}
     m = trial_metrics(report)
     assert (m["tau"], m["speedup"], m["tokens_per_s"], m["ar_tokens_per_s"], m["lossless"]) == (2.5, 1.0, 10.0, 8.0, 0.0)
+    assert (m["speedup_c4"], m["tokens_per_s_c4"]) == (0.9, 30.0)
 
 
 # --------------------------------------------------------------------------- real Ray Tune + MLflow
@@ -108,7 +121,7 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
     name, version, _ = registered_head
     cfg = MainJobConfig(head=f"models:/{name}/{version}", sweep=BudgetSweepConfig(
         budgets=[2, 3], widths=[2], algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=1,
-        max_new_tokens=4, storage=str(store / "tune"), name="budget-test"))
+        max_new_tokens=4, concurrency=[1, 2], storage=str(store / "tune"), name="budget-test"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         job = run_main_job(cfg)
@@ -124,8 +137,12 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
             assert taus and all(run.data.metrics[k] >= 1.0 for k in taus)
             assert run.data.params["budgets"] in ("2", "3") and run.data.metrics["lossless"] == 1.0
         best = max(out.rows, key=lambda r: r["speedup"])
-        stored = TreeSpec.from_json(client().get_model_version(name, version).tags[TREE_CONFIG_TAG])
+        tags = client().get_model_version(name, version).tags
+        stored = TreeSpec.from_json(tags[TREE_CONFIG_TAG])
         assert stored == out.best_tree == TreeSpec(best["algorithm"], best["budget"], best["width"])
+        table = {int(k): v for k, v in json.loads(tags["jetflow.budget_by_concurrency"]).items()}
+        assert set(table) == {1, 2} and table == out.budget_table and all(b >= 1 for b in table.values())
+        assert all(f"speedup_c{c}" in r for r in out.rows for c in (1, 2))
         assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])
 
         # rerun with the same name: Tune restores the finished experiment, no trial runs again

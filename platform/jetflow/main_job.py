@@ -3,7 +3,8 @@
 1. choose the head: the one given (folder, name, `models:/…`), else the registry's `champion`, else — on a
    fresh machine — train the preset (`jetflow.train.pipeline`), log and register it (alias `challenger`);
 2. sweep its tree settings (`jetflow.sweeps.budget`);
-3. store the best lossless setting on its registry version (the tree config Serve uses);
+3. store the best lossless setting on its registry version (the tree config Serve uses), with the best budget
+   per concurrency level and τ per budget (where Serve's load-aware policy starts);
 4. a head trained here goes through the promotion gate, which decides whether it becomes `champion`.
 """
 
@@ -78,7 +79,7 @@ def train_and_register(preset: str, target_id: str) -> SweptHead:
 
 def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
     from jetflow.sweeps.cluster import init_ray
-    from jetflow.tracking import promote, set_tree_config
+    from jetflow.tracking import promote, set_serving_profile, set_tree_config
 
     t0 = time.perf_counter()
     init_ray(ray_address)
@@ -89,6 +90,8 @@ def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobO
     best = sweep.best_tree
     if best is not None and cfg.store_best and head.registered:
         set_tree_config(head.registered[0], head.registered[1], best)
+        if sweep.budget_table:  # what the serving engine's load-aware policy starts from
+            set_serving_profile(head.registered[0], head.registered[1], sweep.budget_table, sweep.tau_by_budget)
         out.stored = True
         if trained:  # the head trained for this job: the gate decides whether it becomes champion
             out.promotion = promote(cfg.sweep.target, head.registered[1], metric=cfg.sweep.select).summary()

@@ -2,8 +2,14 @@
 
 Methods (the report's `method`): `ar` (our AR loop), `hf_generate`, `hf_prompt_lookup` (HF's n-gram
 drafter), and our decoder with a head: `causal` (JetFlow) or `bidirectional` (DFlash), each at every
-tree setting (`TreeSpec`: algorithm, budget, width) of the grid. Generations are interleaved — for each
-prompt, every method in turn — so machine noise spreads over all methods instead of hitting one.
+tree setting (`TreeSpec`: algorithm, budget, width) of the grid.
+
+Two passes. The batched pass decodes every prompt of every set on the engine (`batch_size` at a time)
+for our methods: τ, per-depth and per-(depth, rank) acceptance and the lossless check cover all prompts.
+The timed pass decodes the first `timed_prompts` of each set one at a time with the single-stream decoder
+and the HF baselines, interleaved — for each prompt, every method in turn — so machine noise spreads over
+all methods instead of hitting one: it gives every speed column. With `concurrency` levels, each of our
+settings (and AR) also runs as a closed loop of that many requests on the engine: tokens/s of the replica.
 
 Definitions (metrics from `jetflow.metrics`): times per token are decode-only (prefill excluded)
 unless named e2e; speedup_vs_ar / speedup_vs_hf = that baseline's decode time per token ÷ the
@@ -12,7 +18,9 @@ tokens per target forward (HF rows: new tokens ÷ model forwards, the prefill's 
 it yields the first token). Time split (draft / verify / other) in ms per generated token; HF rows:
 verify = time inside the model's forwards, other = the rest of `generate` (prompt-lookup's candidate
 search included). predicted_speedup = the cost model at the row's τ, mean verified tree size and
-measured draft ms per round. lossless (greedy only): our AR row vs HF greedy; every other row vs our AR.
+measured draft ms per round. lossless (greedy only): our AR row vs HF greedy (timed prompts); every other
+row vs our AR (all prompts); "identical" allows a first difference only at an fp32 tie of the target's
+top-2 logits (`jetflow.decode.lossless`).
 The flat `lossless` metric covers our own methods (AR vs HF included), not HF prompt lookup.
 """
 
@@ -36,6 +44,9 @@ from jetflow.metrics import head_method, metric_key
 from jetflow.tree import TreeSpec, setting_key, tree_grid
 
 
+HF_METHODS = ("hf_generate", "hf_prompt_lookup")
+
+
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
         bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
@@ -48,8 +59,12 @@ class EvalConfig:
 
     sets: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])  # eval splits, or JSONL files
     prompts_per_set: int = field(default=5, metadata={"flags": ("--prompts",)})  # prompts per set, spread
-                                             # evenly over its eval split
+                                             # evenly over its eval split; all decoded batched (τ, lossless)
+    timed_prompts: int = 4                   # of those, per set, decoded one at a time for the speed columns
     max_new_tokens: int = 64                 # tokens generated per prompt
+    batch_size: int = 8                      # requests the engine decodes at once in the batched pass
+    concurrency: list[int] = field(default_factory=list)  # also measure tokens/s with this many requests in
+                                             # flight (a closed loop on the engine), per setting and AR
     budgets: list[int] = field(default_factory=lambda: [8, 32])       # tree nodes per round, root counted
     widths: list[int] = field(default_factory=lambda: [7])            # top-W per depth (trees; chain uses 1)
     algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])  # name or name:key=value
@@ -79,7 +94,12 @@ class EvalConfig:
                                           "evaluate on mtbench, humaneval or gsm")
         self.sets = list(dict.fromkeys(self.sets))
         _check_int("prompts_per_set", self.prompts_per_set, 1)
+        _check_int("timed_prompts", self.timed_prompts, 0)
         _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        for c in self.concurrency:
+            _check_int("concurrency", c, 1, 256)
+        self.concurrency = sorted(set(self.concurrency))
         tree_grid(self.algorithms, self.budgets, self.widths)  # every tree setting is valid (TreeSpec checks)
         self.budgets, self.widths = sorted(set(self.budgets)), sorted(set(self.widths))
         self.algorithms = list(dict.fromkeys(self.algorithms))
@@ -98,6 +118,8 @@ class EvalConfig:
     def params(self) -> dict[str, str | int | float | bool]:
         """Flat MLflow params (lists as comma-separated strings)."""
         return {"sets": ",".join(self.sets), "prompts_per_set": self.prompts_per_set,
+                "timed_prompts": self.timed_prompts, "batch_size": self.batch_size,
+                "concurrency": ",".join(map(str, self.concurrency)),
                 "max_new_tokens": self.max_new_tokens, "budgets": ",".join(map(str, self.budgets)),
                 "widths": ",".join(map(str, self.widths)), "algorithms": ",".join(self.algorithms),
                 "temperatures": ",".join(f"{t:g}" for t in self.temperatures), "baselines": self.baselines,
@@ -197,7 +219,7 @@ class _Runner:
 
     def __call__(self, s: Setting, ids: list[int], seed: int, max_new_tokens: int) -> Generation | HFRun:
         sampled = s.temperature > 0
-        if s.method in ("hf_generate", "hf_prompt_lookup"):
+        if s.method in HF_METHODS:
             lookup = self.cfg.prompt_lookup_num_tokens if s.method == "hf_prompt_lookup" else None
             return hf_generate(self.target, ids, max_new_tokens, s.temperature, seed if sampled else None, lookup)
         decoder = self.ar if s.head is None else self.spec[s.head]
@@ -241,26 +263,28 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
         curve = measure_verify_curve(target, sorted(sizes | {1}), cfg.context_tokens, cfg.curve_repeats,
                                      head=heads[0].head if heads else None)
 
+    batched, thru = _batched_pass(target, heads, settings, prompts, cfg, progress)
+    timed_prompts = {ds: ps[: cfg.timed_prompts] for ds, ps in prompts.items()}
     run = _Runner(target, heads, cfg)
-    # Warm-up (unmeasured), once per decoder / HF mode: first calls pay one-off costs (allocator
-    # growth, HF generation setup) that would otherwise land on whichever setting runs first.
-    first = next(p for ps in prompts.values() for p in ps)
-    for s in {(s.method, s.head): s for s in reversed(settings)}.values():
-        run(s, first, cfg.seed, min(4, cfg.max_new_tokens))
-
     tallies: dict[tuple[str, Setting], _Tally] = {}
-    total = sum(len(p) for p in prompts.values()) * len(settings)
-    with tqdm(total=total, desc="evaluate", disable=not progress) as bar:
-        for ds, ids_list in prompts.items():
-            for i, ids in enumerate(ids_list):
-                for s in settings:
-                    out = run(s, ids, cfg.seed + i, cfg.max_new_tokens)
-                    tally = tallies.setdefault((ds, s), _Tally())
-                    if isinstance(out, Generation):
-                        tally.add_generation(out)
-                    else:
-                        tally.add_hf(out)
-                    bar.update(1)
+    if cfg.timed_prompts:
+        # Warm-up (unmeasured), once per decoder / HF mode: first calls pay one-off costs (allocator
+        # growth, HF generation setup) that would otherwise land on whichever setting runs first.
+        first = next(p for ps in prompts.values() for p in ps)
+        for s in {(s.method, s.head): s for s in reversed(settings)}.values():
+            run(s, first, cfg.seed, min(4, cfg.max_new_tokens))
+        total = sum(len(p) for p in timed_prompts.values()) * len(settings)
+        with tqdm(total=total, desc="evaluate (timed)", disable=not progress) as bar:
+            for ds, ids_list in timed_prompts.items():
+                for i, ids in enumerate(ids_list):
+                    for s in settings:
+                        out = run(s, ids, cfg.seed + i, cfg.max_new_tokens)
+                        tally = tallies.setdefault((ds, s), _Tally())
+                        if isinstance(out, Generation):
+                            tally.add_generation(out)
+                        else:
+                            tally.add_hf(out)
+                        bar.update(1)
 
     report: dict = {
         "target": {"id": target.model_id, "revision": target.revision},
@@ -277,14 +301,18 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
     lossless_all: list[bool] = []
     for ds in prompts:
         for s in settings:
-            row, lossless_counts = _row(ds, s, tallies, cfg, curve)
+            row, lossless_counts = _row(ds, s, tallies, batched, thru, cfg, curve, target, prompts[ds])
             report["rows"].append(row)
             if lossless_counts and row["lossless"] is not None:
                 lossless_all.append(row["lossless"])
             for name in ("tau", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "tokens_per_s", "predicted_speedup"):
                 if _finite(row[name]):
                     report["metrics"][s.key(name, ds)] = float(row[name])
-            stats = tallies[(ds, s)].stats
+            for c, value in (row.get("throughput") or {}).items():
+                report["metrics"][s.key(f"tokens_per_s_c{c}", ds)] = float(value)
+                if c in row["speedup_at"]:
+                    report["metrics"][s.key(f"speedup_c{c}", ds)] = float(row["speedup_at"][c])
+            stats = _merged(batched.get((ds, s)))
             if s.head is not None and stats is not None:
                 report["step_metrics"][s.key("accept_by_depth", ds)] = stats.per_depth_acceptance(
                     heads[s.head].head.config.depth)
@@ -296,13 +324,55 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
     return report
 
 
-def _row(ds: str, s: Setting, tallies: dict, cfg: EvalConfig, curve: CostCurve | None) -> tuple[dict, bool]:
+def _configs(s: Setting, n: int, cfg: EvalConfig) -> list[DecodeConfig]:
+    sampled = s.temperature > 0
+    return [DecodeConfig(tree=s.tree or TreeSpec(budget=1), temperature=s.temperature,
+                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i if sampled else None) for i in range(n)]
+
+
+def _batched_pass(target, heads, settings, prompts, cfg: EvalConfig, progress: bool):
+    """{(set, setting): Generations of all its prompts} for our methods, and {(set, setting): {concurrency:
+    Throughput}} when concurrency levels are asked for."""
+    from tqdm.auto import tqdm
+
+    from jetflow.eval.batched import decode_all, throughput
+
+    ours = [s for s in settings if s.method not in HF_METHODS]  # our AR loop and the heads
+    batched, thru = {}, {}
+    with tqdm(total=len(ours) * len(prompts), desc="evaluate (batched)", disable=not progress) as bar:
+        for ds, ids_list in prompts.items():
+            for s in ours:
+                head = heads[s.head].head if s.head is not None else None
+                batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg), cfg.batch_size)
+                if cfg.concurrency and s.temperature == 0:
+                    thru[(ds, s)] = {c: throughput(target, head, ids_list, _configs(s, 1, cfg)[0], c)
+                                     for c in cfg.concurrency}
+                bar.update(1)
+    return batched, thru
+
+
+def _merged(gens) -> DecodeStats | None:
+    if not gens:
+        return None
+    total = DecodeStats()
+    for g in gens:
+        total = total.merge(g.stats)
+    return total
+
+
+def _row(ds: str, s: Setting, tallies: dict, batched: dict, thru: dict, cfg: EvalConfig,
+         curve: CostCurve | None, target, prompts: list[list[int]]) -> tuple[dict, bool]:
     """(the contract's row for one dataset × setting, whether its lossless flag counts overall)."""
-    t = tallies[(ds, s)]
-    ar = tallies[(ds, Setting("ar", None, s.temperature))]
+    from jetflow.decode.lossless import greedy_equal
+
+    nan = math.nan
+    t = tallies.get((ds, s)) or _Tally()
+    ar = tallies.get((ds, Setting("ar", None, s.temperature))) or _Tally()
     hf = tallies.get((ds, Setting("hf_generate", None, s.temperature)))
+    gens = batched.get((ds, s))
+    stats = _merged(gens)
+    tau = stats.tau if stats is not None else metrics.tau_from_totals(t.tokens, t.forwards)
     spt = t.decode_s_per_token
-    tau = t.stats.tau if t.stats is not None else metrics.tau_from_totals(t.tokens, t.forwards)
 
     predicted = None
     if curve is not None and s.head is not None and t.stats is not None and t.stats.rounds:
@@ -311,23 +381,40 @@ def _row(ds: str, s: Setting, tallies: dict, cfg: EvalConfig, curve: CostCurve |
 
     lossless = None
     if cfg.check_lossless and s.temperature == 0:
-        reference = (hf.outputs if hf is not None else None) if s.method == "ar" else ar.outputs
-        lossless = None if reference is None else t.outputs == reference
+        if s.method == "ar":
+            if hf is not None:
+                lossless = all(greedy_equal(target, p, ours, theirs)
+                               for p, ours, theirs in zip(prompts, t.outputs, hf.outputs))
+        elif s.method in HF_METHODS:
+            lossless = all(greedy_equal(target, p, theirs, ours)
+                           for p, theirs, ours in zip(prompts, t.outputs, ar.outputs)) if t.outputs else None
+        else:
+            reference = batched[(ds, Setting("ar", None, 0.0))]
+            lossless = all(greedy_equal(target, p, g.token_ids, r.token_ids)
+                           for p, g, r in zip(prompts, gens, reference))
     budget = (s.tree.budget if s.tree is not None
               else cfg.prompt_lookup_num_tokens + 1 if s.method == "hf_prompt_lookup" else 1)
     row = {
         "dataset": ds, "method": s.method, "algorithm": s.tree.algorithm if s.tree else None, "budget": budget,
         "width": s.tree.width if s.tree else 1, "temperature": s.temperature,
         "tree": s.tree.to_dict() if s.tree else None, "tau": tau,
-        "tokens_per_s": t.decode_tokens / t.decode_s if t.decode_s > 0 else math.nan,
-        "speedup_vs_ar": metrics.speedup(ar.decode_s_per_token, spt),
-        "speedup_vs_hf": metrics.speedup(hf.decode_s_per_token, spt) if hf is not None else math.nan,
-        "e2e_speedup": metrics.speedup(ar.total_s_per_token, t.total_s_per_token),
+        "tokens_per_s": t.decode_tokens / t.decode_s if t.decode_s > 0 else nan,
+        "speedup_vs_ar": metrics.speedup(ar.decode_s_per_token, spt) if t.decode_tokens else nan,
+        "speedup_vs_hf": metrics.speedup(hf.decode_s_per_token, spt) if hf is not None and t.decode_tokens else nan,
+        "e2e_speedup": metrics.speedup(ar.total_s_per_token, t.total_s_per_token) if t.tokens else nan,
         "predicted_speedup": predicted, "lossless": lossless,
         "draft_ms": t.per_token_ms(t.draft_s), "verify_ms": t.per_token_ms(t.verify_s),
         "other_ms": t.per_token_ms(t.decode_s - t.draft_s - t.verify_s),
-        "tokens": t.tokens, "prompts": len(t.outputs),
+        "tokens": sum(len(g.token_ids) for g in gens) if gens else t.tokens,
+        "prompts": len(gens) if gens else len(t.outputs), "timed_prompts": len(t.outputs),
     }
+    measured = thru.get((ds, s))
+    if measured:
+        plain = thru.get((ds, Setting("ar", None, s.temperature)), {})
+        # keyed by concurrency as text: the report is JSON
+        row["throughput"] = {str(c): m.tokens_per_s for c, m in measured.items()}
+        row["speedup_at"] = {str(c): m.tokens_per_s / plain[c].tokens_per_s for c, m in measured.items()
+                             if c in plain and plain[c].tokens_per_s > 0}
     # NaN (e.g. vs HF with baselines off) becomes None, so the report stays strict JSON
     row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
     return row, s.method != "hf_prompt_lookup"

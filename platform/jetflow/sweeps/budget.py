@@ -29,6 +29,8 @@ class BudgetSweepConfig:
     sets: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])   # held-out prompt sets
     prompts_per_set: int = 2           # prompts per set, spread over its eval split
     max_new_tokens: int = 48           # tokens generated per prompt
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # requests in flight: each setting's
+                                       # tokens/s with that many on the engine, beside plain decoding's
     select: str = "speedup"            # what "best" means: decode speedup vs our AR, or tau
     name: str = "budget-sweep"         # Tune experiment name (resumes when it exists)
     storage: str = ""                  # absolute Tune storage path (default: $JETFLOW_HOME/ray_results)
@@ -58,7 +60,8 @@ class BudgetSweepConfig:
             grid = {"algorithms": [alg], "budgets": [spec.budget], "widths": [spec.width],
                     "temperatures": [setting["temperature"]]}
         return EvalConfig(sets=list(self.sets), prompts_per_set=self.prompts_per_set,
-                          max_new_tokens=self.max_new_tokens, baselines=False, cost_model=False, **grid)
+                          timed_prompts=self.prompts_per_set, max_new_tokens=self.max_new_tokens,
+                          concurrency=list(self.concurrency), baselines=False, cost_model=False, **grid)
 
     @property
     def storage_path(self) -> Path:
@@ -123,10 +126,15 @@ def trial_metrics(report: dict) -> dict[str, float]:
         return sum(vals) / len(vals) if vals else math.nan
 
     lossless = [r["lossless"] for r in rows if r.get("lossless") is not None]
-    return {"tau": mean("tau", rows), "speedup": mean("speedup_vs_ar", rows),
-            "e2e_speedup": mean("e2e_speedup", rows), "tokens_per_s": mean("tokens_per_s", rows),
-            "ar_tokens_per_s": mean("tokens_per_s", ar),
-            "lossless": float(all(lossless)) if lossless else math.nan}
+    out = {"tau": mean("tau", rows), "speedup": mean("speedup_vs_ar", rows),
+           "e2e_speedup": mean("e2e_speedup", rows), "tokens_per_s": mean("tokens_per_s", rows),
+           "ar_tokens_per_s": mean("tokens_per_s", ar),
+           "lossless": float(all(lossless)) if lossless else math.nan}
+    for c in sorted({c for r in rows for c in (r.get("speedup_at") or {})}, key=int):
+        flat = [{"speedup": r["speedup_at"][c], "tps": r["throughput"][c]} for r in rows if c in (r.get("speedup_at") or {})]
+        out[f"speedup_c{c}"] = mean("speedup", flat)
+        out[f"tokens_per_s_c{c}"] = mean("tps", flat)
+    return out
 
 
 def budget_trial(config: dict) -> None:
@@ -161,6 +169,8 @@ class SweepOutcome:
     best: dict | None
     parent_run_id: str
     seconds: float = 0.0
+    budget_table: dict[int, int] = field(default_factory=dict)      # concurrency → best budget (1 = plain)
+    tau_by_budget: dict[int, float] = field(default_factory=dict)   # the best tree's kind: budget → τ
 
     @property
     def best_tree(self) -> TreeSpec | None:
@@ -208,11 +218,36 @@ def pick_best(rows: list[dict], select: str) -> dict | None:
     return max(ok, key=lambda r: r[select], default=None)
 
 
+def _same_kind(row: dict, best: dict) -> bool:
+    """The best setting's algorithm (with its parameters) and width at greedy decoding, any budget."""
+    a, b = TreeSpec.from_dict(row["tree"]), TreeSpec.from_dict(best["tree"])
+    return (a.algorithm, a.width, a.params) == (b.algorithm, b.width, b.params) and row["temperature"] == 0
+
+
+def budget_by_concurrency(rows: list[dict], best: dict) -> dict[int, int]:
+    """Per concurrency level the sweep measured: the budget of the best setting's kind with the highest
+    tokens/s over plain decoding at that level — or 1 (plain decoding) when no budget beats plain there."""
+    kind = [r for r in rows if _same_kind(r, best) and r.get("lossless") != 0.0]
+    levels = sorted({int(k.removeprefix("speedup_c")) for r in kind for k in r if k.startswith("speedup_c")})
+    table = {}
+    for level in levels:
+        scored = [(r[f"speedup_c{level}"], r["budget"]) for r in kind if math.isfinite(r.get(f"speedup_c{level}", math.nan))]
+        speedup, budget = max(scored, default=(0.0, 1))
+        table[level] = budget if speedup > 1.0 else 1
+    return table
+
+
+def tau_by_budget(rows: list[dict], best: dict) -> dict[int, float]:
+    """τ of the best setting's kind per budget (the serving policy's first estimates)."""
+    return {r["budget"]: r["tau"] for r in rows if _same_kind(r, best) and math.isfinite(r.get("tau", math.nan))}
+
+
 def summary_table(rows: list[dict], best: dict | None) -> str:
     from jetflow.eval.table import markdown_table
 
+    levels = sorted({int(k.removeprefix("speedup_c")) for r in rows for k in r if k.startswith("speedup_c")})
     cols = ["algorithm", "budget", "width", "temperature", "tau", "speedup", "tokens_per_s", "ar_tokens_per_s",
-            "lossless"]
+            "lossless"] + [(f"×plain @{c}", f"speedup_c{c}", "{:.2f}x") for c in levels]
     ordered = sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))
     return markdown_table(ordered, cols, [" **best**" if best is not None and r is best else "" for r in ordered])
 
@@ -253,9 +288,11 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
         rows.append({"tree": spec.to_dict(), "key": spec.key, "algorithm": spec.algorithm, "budget": spec.budget,
                      "width": spec.width, "temperature": setting["temperature"],
                      **{k: res.metrics[k] for k in ("tau", "speedup", "e2e_speedup", "tokens_per_s",
-                                                    "ar_tokens_per_s", "lossless", "mlflow_run_id")}})
+                                                    "ar_tokens_per_s", "lossless", "mlflow_run_id")},
+                     **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c"))}})
     failed = sum(1 for res in grid if res.error is not None)
     best = pick_best(rows, cfg.select)
+    table = budget_by_concurrency(rows, best) if best is not None else {}
     c = client()
     c.log_text(parent, summary_table(rows, best), "sweep_table.md")
     if best is not None:
@@ -263,5 +300,8 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
             c.log_metric(parent, f"best_{k}", float(best[k]))
         for k in ("algorithm", "budget", "width", "temperature", "key"):
             c.set_tag(parent, f"jetflow.best.{k}", str(best[k]))
+        for level, budget in table.items():
+            c.log_metric(parent, f"best_budget_c{level}", float(budget))
     c.set_terminated(parent, "FINISHED" if failed == 0 else "FAILED")
-    return SweepOutcome(head=head, rows=rows, best=best, parent_run_id=parent, seconds=time.perf_counter() - t0)
+    return SweepOutcome(head=head, rows=rows, best=best, parent_run_id=parent, seconds=time.perf_counter() - t0,
+                        budget_table=table, tau_by_budget=tau_by_budget(rows, best) if best is not None else {})
