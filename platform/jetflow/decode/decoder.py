@@ -177,7 +177,7 @@ class Decoder:
                 "ask for fewer tokens"
             )
         # Per-call buffers: context features, tree mask and positions never reallocate per round.
-        rng = torch.Generator(device="cpu")
+        rng = torch.Generator(device=dev)  # on the target's device: multinomial draws there
         if cfg.seed is not None:
             rng.manual_seed(cfg.seed)
         state = DecodeState(

@@ -38,7 +38,8 @@ from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, walker
 class EngineConfig:
     max_slots: int = 8                   # requests decoded at once (more wait in the queue)
     max_model_len: int | None = None     # prompt + generated tokens per request (default: the target's positions)
-    prefill_chunk: int = 128             # prompt tokens fed per request and step (chunked prefill)
+    prefill_chunk: int = 128             # prompt tokens fed per request and step (chunked prefill); with a cost
+                                         # curve and requests running, fewer: a chunk costs at most a decode step
     prefill_tokens: int = 256            # prompt tokens fed per step over all admitted requests (rows padded)
     policy: str = "fixed"                # fixed: each request's own tree; plain: no speculation; auto: load-aware
     cost_curve: object = None            # auto: the StepCostCurve of this device (jetflow.engine.cost)
@@ -105,6 +106,7 @@ class Engine:
         self.policy = policy or make_policy(self.cfg.policy, self)
         self.times = StepTimes()
         self.steps = 0
+        self._decode_ms = 0.0                 # wall time of the last decode phase
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
@@ -255,11 +257,12 @@ class Engine:
         """Feed the next chunk of admitted prompts: FIFO rows while rows x widest chunk <= prefill_tokens."""
         self._promote_prefilled()  # a one-token prompt has nothing to feed
         lo = len(self.running)
+        chunk, budget = self._prefill_sizes()
         rows, widths = [], []
         for seq in self.prefilling:
-            n = min(seq.prefill_target - seq.prefilled, self.cfg.prefill_chunk)
+            n = min(seq.prefill_target - seq.prefilled, chunk)
             width = max(widths + [n])
-            if rows and width * (len(rows) + 1) > self.cfg.prefill_tokens:
+            if rows and width * (len(rows) + 1) > budget:
                 break
             rows.append(seq)
             widths.append(n)
@@ -273,7 +276,7 @@ class Engine:
         ids = torch.zeros((b, n_max), dtype=torch.long)
         for i, (seq, n) in enumerate(zip(rows, widths)):
             ids[i, :n] = torch.tensor(seq.request.prompt_ids[seq.prefilled: seq.prefilled + n])
-        width = int(start.max()) + n_max
+        width = max(s.prefilled for s in rows) + n_max  # from host values: no device sync
         real = (cols[None, :] < torch.tensor(widths, device=dev)[:, None])               # (b, n)
         keys = torch.arange(width, device=dev)
         causal = keys[None, None, :] <= positions[:, :, None]                            # prefix + causal chunk
@@ -291,6 +294,18 @@ class Engine:
         for seq, n in zip(rows, widths):
             seq.prefilled += n
         self._promote_prefilled()
+
+    def _prefill_sizes(self) -> tuple[int, int]:
+        """(prompt tokens per request, per step) this step. While requests run, a step's chunk is sized so
+        that its forward costs at most what the last decode step took (the cost curve's one-row time of n
+        tokens): a running stream's gap between tokens at most doubles while a long prompt is admitted."""
+        curve = self.cfg.cost_curve
+        if not self.running or curve is None or not self._decode_ms:
+            return self.cfg.prefill_chunk, self.cfg.prefill_tokens
+        n = 8
+        while n * 2 <= self.cfg.prefill_chunk and curve.step_ms(1, n * 2) <= self._decode_ms:
+            n *= 2
+        return n, n
 
     def _promote_prefilled(self) -> None:
         while (j := next((j for j, s in enumerate(self.prefilling) if s.prefill_done), None)) is not None:
@@ -321,6 +336,7 @@ class Engine:
         self.times.draft, self.times.verify, self.times.commit = t1 - t0, t2 - t1, t3 - t2
         self.times.rows, self.times.nodes = len(drafts), max(d.size for d in drafts)
         self.times.committed = sum(committed)
+        self._decode_ms = (t3 - t0) * 1000
         self.policy.observe(rows, trees, committed, self.times)
 
     def _draft(self, idx: list[int], trees: list) -> tuple[list, list]:
@@ -332,7 +348,7 @@ class Engine:
         past = torch.tensor([s.past for s in rows], device=dev)
         cols = torch.arange(block, device=dev)
         positions = past[:, None] + cols
-        width = int(past.max()) + block
+        width = max(s.past for s in rows) + block
         self.head_kv.reserve(width)
         ids = torch.full((b, block), self.mask_id, dtype=torch.long, device=dev)
         ids[:, 0] = torch.tensor([s.anchor for s in rows], device=dev)
@@ -380,7 +396,7 @@ class Engine:
                 tree_vis[i, :n, :n] = d.ancestor_mask()
         cols = torch.arange(n_max, device=dev)
         write = past[:, None] + cols
-        width = int(past.max()) + n_max
+        width = max(s.past for s in rows) + n_max
         keys = torch.arange(width, device=dev)
         visible = (keys[None, None, :] < past[:, None, None]).expand(b, n_max, width).clone()
         visible.scatter_(2, write[:, None, :].expand(b, n_max, n_max), torch.from_numpy(tree_vis).to(dev))
@@ -414,7 +430,8 @@ class Engine:
                 want_r += [r] * len(chain)
                 want_n += chain
             if want_r:
-                logits = self.target.logits(hidden[torch.tensor(want_r), torch.tensor(want_n)])
+                dev = hidden.device
+                logits = self.target.logits(hidden[torch.tensor(want_r, device=dev), torch.tensor(want_n, device=dev)])
                 best = logits.argmax(-1).tolist()
                 for k, (r, n) in enumerate(zip(want_r, want_n)):
                     known[r][n] = (logits[k], best[k])
@@ -446,7 +463,7 @@ class Engine:
             feats = features.gather(1, src[:, :, None].expand(-1, -1, features.shape[-1]))
             ctx = self.head.project_context(feats)                                        # (b, k, H)
             positions = past[:, None] + torch.arange(k_max, device=dev)
-            self.head_kv.reserve(int(past.max()) + k_max)
+            self.head_kv.reserve(max(s.past for s in rows) + k_max)
             for layer, (k, v) in enumerate(self.head.context_kv(ctx, positions)):
                 self.head_kv.write(layer, 0, b, positions, k, v)
             self.last_ctx[:b] = ctx[torch.arange(b, device=dev), torch.tensor([len(p) - 1 for p in paths], device=dev)]

@@ -57,7 +57,7 @@ class Seq:
         self.lookahead = 2.0                      # running mean of accepted path lengths (LM-head prefetch)
         self.stats = DecodeStats(prompt_tokens=len(self.ids))
         # the reference decoder's sampling generator, seeded the same way: the same seed, the same tokens
-        self.rng = torch.Generator(device="cpu")
+        self.rng = torch.Generator(device=device)
         if self.cfg.seed is not None:
             self.rng.manual_seed(self.cfg.seed)
         self.admitted = time.monotonic()

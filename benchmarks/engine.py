@@ -1,0 +1,280 @@
+"""The batched engine under load, side by side in one run: aggregate tokens/s and per-request latency at each
+concurrency (a closed loop of that many clients, as one replica serves them) for plain decoding, speculation
+at a fixed budget and the load-aware policy; time to first token; the gaps of a running stream while a long
+prompt is admitted (chunked prefill); peak RSS with every slot full; the reference single-stream Decoder on
+the same prompts; and the cost model's predicted speedup beside the measured one.
+
+    python benchmarks/engine.py --head demo --budget 8 --out ~/.jetflow/bench/engine
+    python benchmarks/engine.py --head random --concurrency 1,4 --requests 4 --new-tokens 16   # a quick look
+
+Writes report.json, report.md and tokens_per_s.png to --out, prints the markdown, and logs an MLflow run
+(experiment jetflow/<target>, run name "engine benchmark") unless --no-mlflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import psutil
+import torch
+
+from jetflow.decode import DecodeConfig, Decoder, encode_prompt
+from jetflow.engine import Engine, EngineConfig
+from jetflow.engine.cost import cached_step_curve
+from jetflow.eval.cost_model import device_name, measure_verify_curve
+from jetflow.tree import TreeSpec
+
+MODES = ("plain", "speculative", "auto")
+
+
+class PeakRSS:
+    """The process's peak resident memory while running (sampled every 50 ms)."""
+
+    def __init__(self):
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        proc = psutil.Process()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, proc.memory_info().rss)
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, concurrency: int, requests: int) -> dict:
+    """`concurrency` clients, each sending its next request when its last one finishes, until `requests`
+    are done. Per request: latency (queue + prefill + decode), time to first token."""
+    queue = [prompts[i % len(prompts)] for i in range(requests)]
+    arrival, first, latency, tokens = {}, {}, [], 0
+    t0 = time.perf_counter()
+
+    def submit():
+        rid = engine.add(queue.pop(0), cfg)
+        arrival[rid] = time.perf_counter()
+
+    for _ in range(min(concurrency, requests)):
+        submit()
+    done = 0
+    while done < requests:
+        for event in engine.step():
+            now = time.perf_counter()
+            tokens += len(event.tokens)
+            if event.tokens and event.request_id not in first:
+                first[event.request_id] = now - arrival[event.request_id]
+            if event.finished:
+                done += 1
+                latency.append(now - arrival[event.request_id])
+                if queue:
+                    submit()
+    seconds = time.perf_counter() - t0
+    q = statistics.quantiles(latency, n=100) if len(latency) > 1 else latency * 99
+    ttft = sorted(first.values())
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "requests": requests,
+            "p50_s": statistics.median(latency), "p99_s": q[98], "ttft_p50_s": statistics.median(ttft),
+            "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0])}
+
+
+def admission_gaps(engine: Engine, stream_prompt: list[int], long_prompt: list[int], new_tokens: int) -> dict:
+    """A running stream's gaps between token events, and those of the steps that also fed a chunk of a long
+    prompt admitted meanwhile."""
+    cfg = DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=new_tokens)
+    rid = engine.add(stream_prompt, cfg)
+    stamps, prefilled = [], []
+    admitted, finished = False, False
+    while not finished:
+        events = engine.step()
+        now = time.perf_counter()
+        for e in events:
+            if e.request_id == rid and e.tokens:
+                stamps.append(now)
+                prefilled.append(engine.times.prefill > 0)
+            finished = finished or (e.request_id == rid and e.finished)
+        if len(stamps) >= 8 and not admitted:  # the stream runs steadily: the long prompt arrives
+            engine.add(long_prompt, DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=4))
+            admitted = True
+    while engine.has_work():
+        engine.step()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    during = sorted(g for g, pre in zip(gaps, prefilled[1:]) if pre)
+    p99 = during[min(len(during) - 1, int(0.99 * len(during)))] if during else float("nan")
+    return {"median_gap_ms": statistics.median(gaps) * 1000, "p99_gap_while_admitting_ms": p99 * 1000,
+            "admission_steps": len(during), "long_prompt_tokens": len(long_prompt)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--head", default="demo", help="head folder, name, models:/ URI, or 'random'")
+    p.add_argument("--budget", type=int, default=8, help="the speculative mode's tree budget (the sweep's best)")
+    p.add_argument("--width", type=int, default=7)
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--requests", type=int, default=16, help="requests per (mode, concurrency): at least 2x concurrency")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per set (MT-Bench, HumanEval), spread")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--long-prompt", type=int, default=2048, help="tokens of the prompt admitted during a stream")
+    p.add_argument("--out", default=str(Path.home() / ".jetflow" / "bench" / "engine"))
+    p.add_argument("--no-mlflow", action="store_true")
+    args = p.parse_args(argv)
+
+    from jetflow.data import spread_prompts
+    from jetflow.head import HeadRef
+    from jetflow.target import TargetModel
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    target = TargetModel.load(args.model)
+    head = HeadRef.parse(args.head).load(target).head
+    tree = TreeSpec("accum_logp", args.budget, args.width).capped(head.config.block_size)
+    items = spread_prompts("mtbench", args.prompts) + spread_prompts("humaneval", args.prompts)
+    prompts = [encode_prompt(target.tokenizer, it.chat) for it in items]
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"date": str(date.today()), "device": device_name(target.device), "target": target.model_id,
+                    "head": args.head, "tree": tree.to_dict(), "new_tokens": args.new_tokens,
+                    "prompts": len(prompts), "loadavg_start": psutil.getloadavg()}
+
+    # the reference single-stream decoder on the same prompts (what serving ran before the engine)
+    single = {}
+    for name, t in (("plain", TreeSpec(budget=1)), ("speculative", tree)):
+        dec = Decoder(target, head)
+        dec.generate(prompts[0], DecodeConfig(tree=t, max_new_tokens=4))
+        toks = secs = rounds = 0
+        step_ms = []
+        for ids in prompts:
+            g = dec.generate(ids, DecodeConfig(tree=t, max_new_tokens=args.new_tokens))
+            toks, secs, rounds = toks + len(g.token_ids), secs + g.stats.decode_s, rounds + g.stats.rounds
+            step_ms.append(g.stats.decode_s / g.stats.rounds * 1000)
+        single[name] = {"tokens_per_s": toks / secs, "tau": toks / rounds, "round_ms": statistics.median(step_ms)}
+    report["decoder"] = single
+    # the old cost model's prediction at batch 1 (isolated verify t(N) + measured draft) for this head and tree
+    old = measure_verify_curve(target, [tree.budget], head=head)
+    report["isolated_curve_prediction_b1"] = old.predict_speedup(single["speculative"]["tau"], tree.budget)
+
+    curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
+    report["step_curve"] = curve.to_dict()
+    results: dict = {m: {} for m in MODES}
+    with PeakRSS() as rss:
+        for c in levels:
+            for mode in MODES:
+                policy = {"plain": "plain", "speculative": "fixed", "auto": "auto"}[mode]
+                engine = Engine(target, head, EngineConfig(max_slots=c, policy=policy, cost_curve=curve))
+                engine.generate([prompts[0]], DecodeConfig(tree=tree, max_new_tokens=2))  # warm-up
+                cfg = DecodeConfig(tree=tree, max_new_tokens=args.new_tokens)
+                r = closed_loop(engine, prompts, cfg, c, max(args.requests, 2 * c))
+                if mode == "auto":
+                    r["budgets_chosen"] = getattr(engine.policy, "current", None)
+                results[mode][c] = r
+                print(f"{mode:12s} c={c:2d}: {r['tokens_per_s']:6.1f} tok/s, p50 {r['p50_s']:.2f} s, "
+                      f"p99 {r['p99_s']:.2f} s, ttft p50 {r['ttft_p50_s']:.2f} s", flush=True)
+            report["peak_rss_bytes_at"] = {**report.get("peak_rss_bytes_at", {}), str(c): rss.peak}
+    report["results"] = {m: {str(c): r for c, r in v.items()} for m, v in results.items()}
+    report["peak_rss_bytes"] = rss.peak
+
+    # predicted vs measured speedup of the speculative mode over plain, per concurrency
+    pred = {}
+    for c in levels:
+        measured = results["speculative"][c]["tokens_per_s"] / results["plain"][c]["tokens_per_s"]
+        pred[str(c)] = {"measured": measured, "predicted": curve.speedup(c, tree.budget, single["speculative"]["tau"])}
+    report["prediction"] = pred
+
+    engine = Engine(target, None, EngineConfig(max_slots=2, cost_curve=curve))
+    long_prompt = [(17 * i + 3) % target.vocab_size for i in range(args.long_prompt)]
+    report["admission"] = admission_gaps(engine, prompts[0], long_prompt, 64)
+    report["loadavg_end"] = psutil.getloadavg()
+
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = markdown(report, levels)
+    (out / "report.md").write_text(md)
+    fig = chart(report, levels)
+    fig.savefig(out / "tokens_per_s.png")
+    print(md)
+    if not args.no_mlflow:
+        from jetflow.tracking.store import client, experiment_for
+
+        c = client()
+        run = c.create_run(experiment_for(target.model_id), run_name="engine benchmark",
+                           tags={"jetflow.kind": "benchmark", "jetflow.head.name": args.head})
+        for mode, by_c in results.items():
+            for lvl, r in by_c.items():
+                c.log_metric(run.info.run_id, f"tokens_per_s/{mode}/c{lvl}", r["tokens_per_s"])
+                c.log_metric(run.info.run_id, f"p99_s/{mode}/c{lvl}", r["p99_s"])
+        for name in ("report.json", "report.md", "tokens_per_s.png"):
+            c.log_artifact(run.info.run_id, str(out / name))
+        c.set_terminated(run.info.run_id)
+    return 0
+
+
+def markdown(report: dict, levels: list[int]) -> str:
+    dec = report["decoder"]
+    res = report["results"]
+    lines = [f"Engine benchmark {report['date']}, {report['device']}, head {report['head']}, tree "
+             f"{report['tree']}, {report['prompts']} prompts, {report['new_tokens']} new tokens; load average "
+             f"{report['loadavg_start'][0]:.1f} → {report['loadavg_end'][0]:.1f}", "",
+             f"Reference Decoder, one stream: plain {dec['plain']['tokens_per_s']:.1f} tok/s; speculative "
+             f"{dec['speculative']['tokens_per_s']:.1f} tok/s (τ {dec['speculative']['tau']:.2f}).", "",
+             "| concurrency | plain tok/s | spec tok/s | auto tok/s | auto / best | plain p50 / p99 s | spec p50 / p99 s | "
+             "auto p50 / p99 s | TTFT p50 plain / spec / auto s | spec/plain measured | predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in levels:
+        k = str(c)
+        p, s, a = res["plain"][k], res["speculative"][k], res["auto"][k]
+        best = max(p["tokens_per_s"], s["tokens_per_s"])
+        pr = report["prediction"][k]
+        lines.append(f"| {c} | {p['tokens_per_s']:.1f} | {s['tokens_per_s']:.1f} | {a['tokens_per_s']:.1f} | "
+                     f"{a['tokens_per_s'] / best:.2f} | {p['p50_s']:.2f} / {p['p99_s']:.2f} | "
+                     f"{s['p50_s']:.2f} / {s['p99_s']:.2f} | {a['p50_s']:.2f} / {a['p99_s']:.2f} | "
+                     f"{p['ttft_p50_s']:.2f} / {s['ttft_p50_s']:.2f} / {a['ttft_p50_s']:.2f} | "
+                     f"{pr['measured']:.2f}x | {pr['predicted']:.2f}x |")
+    adm = report["admission"]
+    lines += ["", f"Plain at concurrency 8 vs the single-stream Decoder: "
+              f"{res['plain'].get('8', {}).get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x. "
+              f"At concurrency 1, engine plain / Decoder plain: "
+              f"{res['plain'].get('1', {}).get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}, "
+              f"speculative: {res['speculative'].get('1', {}).get('tokens_per_s', float('nan')) / dec['speculative']['tokens_per_s']:.2f}.",
+              f"Admitting a {adm['long_prompt_tokens']}-token prompt beside a running stream: its median gap "
+              f"{adm['median_gap_ms']:.0f} ms, p99 gap while admitting {adm['p99_gap_while_admitting_ms']:.0f} ms "
+              f"({adm['admission_steps']} steps).",
+              f"Peak RSS (every slot full at the highest concurrency): {report['peak_rss_bytes'] / 2 ** 30:.2f} GiB.",
+              f"Isolated-t(N) cost model at batch 1 predicted {report['isolated_curve_prediction_b1']:.2f}x for the "
+              f"speculative mode; the step-cost model predicts {report['prediction'][str(levels[0])]['predicted']:.2f}x, "
+              f"measured {report['prediction'][str(levels[0])]['measured']:.2f}x."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: dict, levels: list[int]):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for mode in MODES:
+        ax.plot(levels, [report["results"][mode][str(c)]["tokens_per_s"] for c in levels], marker="o", label=mode)
+    ax.axhline(report["decoder"]["plain"]["tokens_per_s"], color="gray", linestyle=":", label="Decoder, one stream")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("tokens/s (all requests)")
+    ax.set_title(f"engine throughput, {report['device']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""benchmarks/gpu_check.py runs the same code tiny on CPU (`--device cpu --quick`), so the GPU check is known to
+work before a GPU is found: every part reports, fp32 and bf16 decoding are lossless, the projection is computed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
+                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                            env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
+    for dtype in ("fp32", "bf16"):
+        parts = report["lossless"][dtype]
+        assert isinstance(parts, dict), parts
+        assert all(v["divergent"] == 0 for k, v in parts.items() if isinstance(v, dict)), parts
+    assert parts["engine_b8_vs_ar"]["identical"] + parts["engine_b8_vs_ar"]["tie_flips"] == parts["prompts"]
+    for shape in ("smollm2-135m", "qwen3-8b"):
+        costs = report["costs"][shape]
+        assert isinstance(costs, dict), costs
+        assert costs["t_ms"]["1"] > 0 and set(costs["head_forward_ms"]) == {"1", "2", "5"}
+        assert costs["ar_step_ms"] > 0 and costs["bandwidth_floor_ms"] > 0
+    assert {"MATH-500", "MT-Bench", "HumanEval"} <= set(report["projection"])
+    assert report["compile"]["static_cache_eager_ms"] > 0
