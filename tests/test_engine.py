@@ -235,3 +235,25 @@ def test_any_schedule_of_joins_finishes_and_cancels_gives_each_request_its_refer
             if key not in sampled_refs:
                 sampled_refs[key] = Decoder(smollm).generate(ids, cfg).token_ids  # sampling: one draw per token
             assert event.generation.token_ids == sampled_refs[key]
+
+
+def test_bf16_on_cpu_runs_and_every_engine_buffer_has_the_targets_device_and_dtype():
+    from jetflow.target.placement import placement
+
+    device, dtype = placement("cpu", "bf16")
+    target = tiny_target("qwen3")
+    target.model.to(dtype=dtype)
+    target = type(target)(target.model, None, "tiny-qwen3", "random")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    engine = Engine(target, head, EngineConfig(max_slots=2))
+    out = engine.generate(_prompts(2, seed=9), DecodeConfig(tree=TreeSpec(budget=8, width=3), max_new_tokens=6))
+    assert all(len(g.token_ids) == 6 for g in out)
+    tensors = engine.kv.keys + engine.kv.values + engine.head_kv.keys + engine.head_kv.values + [engine.last_ctx]
+    assert {(t.device.type, t.dtype) for t in tensors} == {(device.type, dtype)}
+    assert {(p.device.type, p.dtype) for p in engine.head.parameters()} == {(device.type, dtype)}
+    with pytest.raises(Exception, match="dtype must be one of"):
+        placement("cpu", "int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception, match="no CUDA GPU"):
+            placement("cuda")

@@ -15,6 +15,8 @@ from jetflow.eval.compare import EvalConfig
 @dataclass
 class EvaluateJob:
     model: str = "smollm2-135m"              # target: bundled name, local HF folder or hub id
+    device: str | None = None                # cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)
+    dtype: str | None = None                 # fp32, bf16 or fp16 (default: bf16 on a GPU, fp32 on a CPU)
     head: str | None = None                  # causal head: folder, name under $JETFLOW_HOME/heads, models:/NAME@ALIAS,
                                              # models:/NAME/VERSION or 'random'; unset = the baselines only
     bidirectional_head: str | None = None    # a second, bidirectional (DFlash) head, same forms
@@ -35,6 +37,7 @@ def run_evaluation_job(job: EvaluateJob) -> int:
     from jetflow.head import HeadRef
     from jetflow.paths import jetflow_home
     from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
 
     cfg = job.eval
     refs = [HeadRef.parse(spec) for spec in (job.head, job.bidirectional_head) if spec]
@@ -43,7 +46,8 @@ def run_evaluation_job(job: EvaluateJob) -> int:
         raise InvalidSettingError(f"--head {job.head} is a bidirectional head; pass it as --bidirectional-head")
     if job.bidirectional_head and HeadRef.parse(job.bidirectional_head).is_causal():
         raise InvalidSettingError(f"--bidirectional-head {job.bidirectional_head} is a causal head; pass it as --head")
-    target = TargetModel.load(job.model)
+    device, dtype = placement(job.device, job.dtype)
+    target = TargetModel.load(job.model, device=device, dtype=dtype)
     heads = [ref.load(target, cfg.seed) for ref in refs]
     report = evaluate(target, heads, cfg, progress=True)
 

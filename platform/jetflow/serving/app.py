@@ -141,13 +141,15 @@ class JetFlowServer:
         from jetflow.serving.metrics import ServingMetrics
         from jetflow.serving.selection import choose_head
         from jetflow.target import TargetModel
+        from jetflow.target.placement import placement
 
         cfg = ServeConfig.model_validate(config)
         if cfg.tracking_uri:  # this replica's process reads the registry from there
             os.environ["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        target = TargetModel.load(cfg.model, device="cuda" if cfg.replica_gpus > 0 else "cpu")
+        device, dtype = placement(cfg.device or ("cuda" if cfg.replica_gpus > 0 else "cpu"), cfg.dtype)
+        target = TargetModel.load(cfg.model, device=device, dtype=dtype)
         choice = choose_head(cfg, target)
         curve = None
         if choice.speculative and cfg.policy == "auto":

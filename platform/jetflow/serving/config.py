@@ -23,6 +23,9 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field("smollm2-135m", description="target: bundled name, local HF folder or hub id")
+    device: str | None = Field(None, description="cpu, cuda or cuda:N (default: cuda when the replica has a GPU "
+                                                 "(replica_gpus > 0), else cpu)")
+    dtype: Literal["fp32", "bf16", "fp16"] | None = Field(None, description="default: bf16 on a GPU, fp32 on a CPU")
     head: str | None = Field(
         None, description="head folder, name under $JETFLOW_HOME/heads, models:/NAME@ALIAS or models:/NAME/VERSION, "
                           "'random' (random-init causal head, for testing), or 'none' (plain decoding); "

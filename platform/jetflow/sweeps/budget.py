@@ -37,6 +37,7 @@ class BudgetSweepConfig:
     max_concurrent: int = 2            # trials at once
     cpus_per_trial: float = 1.0        # Ray CPUs per trial (its torch threads)
     gpus_per_trial: float = 0.0        # Ray GPUs per trial (a trial given one decodes on it)
+    dtype: str | None = None           # fp32, bf16 or fp16 (default: bf16 on a trial's GPU, fp32 on CPU)
 
     def __post_init__(self) -> None:
         if self.select not in SELECT:
@@ -91,22 +92,24 @@ class SweptHead:
 _LOADED: dict[tuple, Any] = {}
 
 
-def _target_and_head(target_id: str, head_path: str):
+def _target_and_head(target_id: str, head_path: str, dtype_name: str | None = None):
     """Loaded once per Tune worker process (actors are reused across trials); as many torch threads as
     the trial has CPUs."""
-    key = (target_id, head_path)
+    key = (target_id, head_path, dtype_name)
     if key not in _LOADED:
         import ray
         import torch
 
         from jetflow.head import HeadRef
         from jetflow.target import TargetModel
+        from jetflow.target.placement import placement
 
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-        torch.set_num_threads(max(1, int(cpus)))
+        resources = ray.get_runtime_context().get_assigned_resources()
+        torch.set_num_threads(max(1, int(resources.get("CPU", 1))))
         _LOADED.clear()
         # a trial given a GPU (--gpus-per-trial) decodes on it
-        target = TargetModel.load(target_id, device="cuda" if torch.cuda.is_available() else "cpu")
+        device, dtype = placement("cuda" if resources.get("GPU") else "cpu", dtype_name)
+        target = TargetModel.load(target_id, device=device, dtype=dtype)
         _LOADED[key] = (target, HeadRef.parse(head_path).load(target))
     return _LOADED[key]
 
@@ -150,7 +153,7 @@ def budget_trial(config: dict) -> None:
 
     setting, shared = config["setting"], config["shared"]
     os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, whatever this worker inherited
-    target, loaded = _target_and_head(shared["target"], shared["head_path"])
+    target, loaded = _target_and_head(shared["target"], shared["head_path"], shared["sweep"].get("dtype"))
     if shared.get("head_uri"):  # report the head as the registry version it is
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
     sweep = BudgetSweepConfig(**shared["sweep"])
