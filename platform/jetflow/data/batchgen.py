@@ -14,6 +14,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from jetflow.target.model import cache_kwargs
+
 
 class _BufferedLayer(DynamicLayer):
     """A DynamicLayer whose keys/values are views into a buffer that doubles when full."""
@@ -65,7 +67,8 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     cache = buffered_cache(target.config.num_hidden_layers)
     body = target.model.model
-    out = body(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
+    step_cache = cache_kwargs(body, cache)  # the keyword the installed transformers reads
+    out = body(input_ids=ids, attention_mask=attn, position_ids=positions, **step_cache, use_cache=True)
     last = out.last_hidden_state[:, -1]
     results: list[list[int]] = [[] for _ in prompts]
     live = torch.arange(b)                 # original row of each batch row
@@ -90,7 +93,7 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
             live, nxt, pos, attn = live[k], nxt[k], pos[k], attn[k]
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         pos = pos + 1
-        out = body(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None], cache=cache,
+        out = body(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None], **step_cache,
                    use_cache=True)
         last = out.last_hidden_state[:, -1]
     return results

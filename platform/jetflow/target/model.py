@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 from dataclasses import dataclass
@@ -32,6 +34,26 @@ def default_layer_ids(num_layers: int, k: int = 5) -> list[int]:
     if k == 1:
         return [last]
     return sorted({int(round(1 + i * (last - 1) / (k - 1))) for i in range(k)})
+
+
+@functools.cache
+def cache_keyword(model_cls: type) -> str:
+    """The keyword `model_cls.forward` takes its KV cache by: `cache` from transformers 5.24 on,
+    `past_key_values` before (5.24 still accepts the old name, with a warning, until 5.40). Read off the
+    signature, never assumed: 5.20-5.23 put an unknown `cache=` into **kwargs and ignore it — the model
+    fills a cache of its own, ours stays empty and the next step's logits are wrong, with no error."""
+    params = inspect.signature(model_cls.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise UnknownModelError(f"{model_cls.__name__}.forward takes neither cache= nor past_key_values=: this "
+                            "transformers release passes KV caches in a way JetFlow does not know")
+
+
+def cache_kwargs(model: nn.Module, cache) -> dict:
+    """{keyword: cache} for a forward call of `model` (a HF decoder body or causal LM) on the installed
+    transformers: `model(..., **cache_kwargs(model, cache))`."""
+    return {cache_keyword(type(model)): cache}
 
 
 def _load_tokenizer(auto, source: str, local_only: bool):
@@ -184,7 +206,7 @@ class TargetModel:
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
-            cache=cache,
+            **cache_kwargs(self._body, cache),
             use_cache=True,
             output_hidden_states=bool(layer_ids),
         )
