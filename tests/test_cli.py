@@ -154,6 +154,29 @@ def test_zero_budget_width_or_length_exits_2_in_one_line(capfd, no_target_load, 
     assert_user_error(jetflow_in_process(capfd, "generate", option, "0", PROMPT), message)
 
 
+@pytest.mark.parametrize("option, value, message", [("--dtype", "float8", "dtype must be one of"),
+                                                    ("--device", "tpu", "device must be auto, cpu, cuda")])
+def test_an_unknown_device_or_dtype_exits_2_before_loading_the_target(capfd, no_target_load, option, value, message):
+    assert_user_error(jetflow_in_process(capfd, "generate", option, value, PROMPT), message)
+
+
+def test_device_and_dtype_reach_the_target_load(capfd, monkeypatch):
+    """`--device/--dtype` place the target (the head follows it): a published head on a GPU machine."""
+    import torch
+
+    from jetflow.errors import UnknownModelError
+
+    seen = {}
+
+    def load(name, device="cpu", dtype=torch.float32):
+        seen.update(name=name, device=device, dtype=dtype)
+        raise UnknownModelError("stop here")
+
+    monkeypatch.setattr(TargetModel, "load", load)
+    jetflow_in_process(capfd, "generate", "--model", "some/model", "--device", "cpu", "--dtype", "bfloat16", PROMPT)
+    assert seen == {"name": "some/model", "device": torch.device("cpu"), "dtype": torch.bfloat16}
+
+
 def test_a_non_integer_budget_is_refused_by_the_argument_parser():
     assert_argument_error(jetflow("generate", "--budget", "eight", PROMPT), "--budget")
 

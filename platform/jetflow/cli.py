@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,9 @@ from jetflow.decode.sampling import DecodeConfig
 from jetflow.errors import InvalidSettingError, JetFlowError
 from jetflow.tree import TreeSpec
 
-HEAD_HELP = ("head folder, name under $JETFLOW_HOME/heads, models:/NAME@ALIAS or models:/NAME/VERSION, "
-             "'random' or 'random-bidirectional' (random init)")
+HEAD_HELP = ("head folder, name under $JETFLOW_HOME/heads, a published head's hub id (org/name), "
+             "models:/NAME@ALIAS or models:/NAME/VERSION, 'random' or 'random-bidirectional' (random init)")
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -27,6 +29,22 @@ class GenerateOptions:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     raw: bool = False                    # feed the prompt text as is, no chat template
     json: bool = False                   # one JSON object per prompt: text, token_ids, finish_reason, stats
+    device: str = "auto"                 # where the target and head run: auto (cuda when there is a GPU), cpu,
+                                         # cuda, cuda:N
+    dtype: str = "float32"               # target and head weights: float32 (exactly greedy), bfloat16, float16
+
+    def __post_init__(self) -> None:
+        if self.dtype not in WEIGHT_DTYPES:
+            raise InvalidSettingError(f"dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.dtype!r}")
+        if self.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise InvalidSettingError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    def placement(self):
+        """(torch device, torch dtype) to load the target (and so the head) on."""
+        import torch
+
+        device = self.device if self.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.device(device), getattr(torch, self.dtype)
 
 
 @dataclass
@@ -74,7 +92,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise InvalidSettingError("no prompt: give a PROMPT argument or --prompts FILE.jsonl")
     ref = HeadRef.parse(opts.head)
     ref.resolve()  # a missing head fails before the target loads
-    target = TargetModel.load(opts.model)
+    device, dtype = opts.placement()
+    target = TargetModel.load(opts.model, device=device, dtype=dtype)
     loaded = ref.load(target, seed=opts.decode.seed or 0)
     decoder = Decoder(target, loaded.head if loaded else None)
     for prompt in prompts:

@@ -140,12 +140,15 @@ class HeadConfig(HeadArch):
             "tie_word_embeddings": False,
             "num_target_layers": self.num_target_layers,
             "block_size": self.block_size,
+            # the causal flag under every published name (jetflow.head.formats.CAUSAL_FLAGS): vLLM reads
+            # is_causal / dflash_config.causal, the paper's loader dflash_config.causal_head
             "is_causal": self.causal,
             "dflash_config": {
                 "block_size": self.block_size,
                 "target_layer_ids": list(self.target_layer_ids),
                 "mask_token_id": self.mask_token_id,
                 "causal": self.causal,
+                "causal_head": self.causal,
             },
             "jetflow": {
                 "tap_norm": self.tap_norm,
@@ -161,31 +164,42 @@ class HeadConfig(HeadArch):
 
     @classmethod
     def from_dflash_dict(cls, d: dict[str, Any]) -> "HeadConfig":
-        dc = d.get("dflash_config", {})
+        """A config.json in any published DFlash layout (DFlash's, the paper's, transformers-4 style, a vLLM
+        export, ours: `jetflow.head.formats`). HeadMismatchError for a field the head does not implement;
+        KeyError for a missing size."""
+        from jetflow.head import formats
+
+        formats.check_implemented(d)
         jf = d.get("jetflow", {})
         rope = d.get("rope_parameters") or {}
-        # Reference DFlash checkpoints that carry no flag are bidirectional.
-        causal = dc.get("causal", d.get("is_causal", False))
+        layer_ids = formats.draft_value(d, "target_layer_ids")
+        if layer_ids is None:
+            if "num_target_layers" not in d:
+                raise KeyError("dflash_config.target_layer_ids (or num_target_layers to derive them from)")
+            layer_ids = formats.published_layer_ids(int(d["num_target_layers"]), int(d["num_hidden_layers"]))
+        mask_token_id = formats.draft_value(d, "mask_token_id")
+        if mask_token_id is None:
+            raise KeyError("dflash_config.mask_token_id")
         return cls(
             hidden_size=d["hidden_size"],
             vocab_size=d["vocab_size"],
-            target_layer_ids=list(dc["target_layer_ids"]),
-            mask_token_id=int(dc["mask_token_id"]),
+            target_layer_ids=[int(i) for i in layer_ids],
+            mask_token_id=int(mask_token_id),
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d["num_key_value_heads"],
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
             intermediate_size=d["intermediate_size"],
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
             max_position_embeddings=d.get("max_position_embeddings", 8192),
-            block_size=int(dc.get("block_size", d.get("block_size", 16))),
-            causal=bool(causal),
+            block_size=int(formats.draft_value(d, "block_size", 16)),
+            causal=formats.read_causal(d),
             tap_norm=bool(jf.get("tap_norm", False)),
             anchor_shortcut=bool(jf.get("anchor_shortcut", False)),
             depth_embedding=bool(jf.get("depth_embedding", False)),
             copy_ngram=int(jf.get("copy_ngram", 0)),
-            draft_vocab_size=int(jf.get("draft_vocab_size", 0)),
+            draft_vocab_size=int(jf.get("draft_vocab_size", d.get("draft_vocab_size") or 0)),
             num_target_layers=d.get("num_target_layers", 0),
             target_model_id=jf.get("target_model_id", ""),
             target_revision=jf.get("target_revision", ""),

@@ -41,6 +41,8 @@ def load_head(path: str | Path, device: str | torch.device = "cpu", dtype: torch
             f"{path} is not a draft-head checkpoint: its config.json lacks {exc} "
             "(a DFlash-layout head needs dflash_config.target_layer_ids and mask_token_id)"
         ) from None
+    except HeadMismatchError as exc:  # a field the head does not implement, or conflicting causal flags
+        raise HeadMismatchError(f"{path / CONFIG}: {exc}") from None
     head = DraftHead(cfg)
     try:
         missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)

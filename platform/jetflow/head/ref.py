@@ -1,7 +1,8 @@
 """Head references: what a user writes for a draft head — nothing (plain decoding), `random` or
 `random-bidirectional` (random init, for checking losslessness), a head folder, a name under
-`$JETFLOW_HOME/heads`, or a registry URI `models:/NAME@ALIAS` / `models:/NAME/VERSION` — parsed and
-resolved here, in one place, for the CLI, evaluation, sweeps and serving alike.
+`$JETFLOW_HOME/heads`, a published head's hub id (`z-lab/Qwen3-8B-DFlash-b16`, where a hub is reachable), or
+a registry URI `models:/NAME@ALIAS` / `models:/NAME/VERSION` — parsed and resolved here, in one place, for the
+CLI, evaluation, sweeps and serving alike.
 
 Registry URIs are resolved by a plugged-in resolver (`URI_RESOLVERS`): by default
 `jetflow.tracking.registry.resolve_head_uri`, imported on first use, so this package depends on nothing
@@ -23,6 +24,7 @@ from jetflow.paths import heads_dir
 RANDOM_HEADS = {"random": True, "random-bidirectional": False}  # name → causal
 NO_HEAD = "none"
 REGISTRY_SCHEME = "models:/"
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")   # org/name, as the hub spells repositories
 MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 # scheme → resolver (URI → local head folder), or "module:function" imported when first needed
 URI_RESOLVERS: dict[str, str | Callable[[str], Path]] = {
@@ -45,11 +47,30 @@ def parse_models_uri(uri: str) -> tuple[str, str]:
     return m["name"], m["alias"] or m["version"]
 
 
+def hub_head_path(repo_id: str) -> Path:
+    """The folder of a head published on a model hub (config.json + safetensors): the local hub cache first,
+    the hub itself where one is reachable. HeadNotFoundError when neither has it."""
+    from huggingface_hub import snapshot_download
+
+    errors = []
+    for local_only in (True, False):
+        try:
+            return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"],
+                                          local_files_only=local_only))
+        except (OSError, ValueError) as exc:  # not cached / no hub / no such repository
+            errors.append(f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    raise HeadNotFoundError(f"no head folder {repo_id!r}, and no hub head of that id in the local hub cache or "
+                            f"on a reachable hub ({'; '.join(errors)}); {_TRAIN_HINT}")
+
+
 def local_head_path(name_or_path: str | Path) -> Path:
-    """A head folder path, or a bare name under `$JETFLOW_HOME/heads/`. HeadNotFoundError otherwise."""
+    """A head folder path, a bare name under `$JETFLOW_HOME/heads/`, or a hub id `org/name` (downloaded once
+    into the hub cache). HeadNotFoundError otherwise."""
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p.resolve()
+    if not p.is_absolute() and HUB_ID.fullmatch(str(name_or_path)):
+        return hub_head_path(str(name_or_path))
     if p.is_absolute() or len(p.parts) > 1:
         raise HeadNotFoundError(f"no head at {p}; {_TRAIN_HINT}")
     named = heads_dir() / str(name_or_path)
@@ -61,7 +82,7 @@ def local_head_path(name_or_path: str | Path) -> Path:
 @dataclass(frozen=True)
 class HeadRef:
     """A parsed head reference. kind: "none", "random", "registry" (text is the URI) or "local" (a
-    folder or a name; text as given)."""
+    folder, a name or a hub id; text as given)."""
 
     kind: str
     text: str | None = None

@@ -26,6 +26,7 @@ from jetflow.errors import (
     InvalidSettingError,
 )
 from jetflow.head.config import HeadConfig
+from jetflow.head.formats import read_causal
 from jetflow.head.io import CONFIG, WEIGHTS, load_head
 from jetflow.head.ref import local_head_path
 from jetflow.paths import file_sha256
@@ -135,9 +136,8 @@ def vllm_config(cfg: HeadConfig, dtype: torch.dtype) -> dict[str, Any]:
     """config.json for vLLM: the DFlash layout, with every flag vLLM resolves stated explicitly."""
     config = cfg.to_dflash_dict()
     config["dtype"] = str(dtype).removeprefix("torch.")
-    # Top-level is_causal wins over dflash_config.causal in vLLM (_dflash_layer_causal); keep both equal.
-    config["is_causal"] = cfg.causal
-    config["dflash_config"]["causal"] = cfg.causal
+    # The causal flag is already under every name (to_dflash_dict): top-level is_causal wins over
+    # dflash_config.causal in vLLM (_dflash_layer_causal), the paper's loader reads dflash_config.causal_head.
     config["is_neox_style"] = True  # DraftHead rotates halves (rotate_half), vLLM's neox layout
     if cfg.draft_vocab_size:
         config["draft_vocab_size"] = cfg.draft_vocab_size
@@ -221,17 +221,23 @@ def validate_vllm_export(path: str | Path) -> list[str]:
     if config.get("architectures") != ["DFlashDraftModel"]:
         problems.append(f"architectures is {config.get('architectures')}, vLLM's registry needs ['DFlashDraftModel']")
     dc = config.get("dflash_config") or {}
-    for key in ("target_layer_ids", "mask_token_id", "block_size", "causal"):
+    for key in ("target_layer_ids", "mask_token_id", "block_size", "causal", "causal_head"):
         if key not in dc:
             problems.append(f"dflash_config lacks {key}")
-    if "causal" in dc and config.get("is_causal", dc["causal"]) != dc["causal"]:
-        problems.append("is_causal disagrees with dflash_config.causal (vLLM would use is_causal)")
+    if "is_causal" not in config:
+        problems.append("config lacks is_causal (vLLM reads it before dflash_config.causal)")
+    try:
+        read_causal(config)
+    except HeadMismatchError as exc:
+        problems.append(str(exc))
     if "eagle_aux_hidden_state_layer_ids" in config or "layer_types" in config:
         problems.append("config sets eagle_aux_hidden_state_layer_ids or layer_types, which override DFlash's")
     if problems:
         return problems
-    cfg = HeadConfig.from_dflash_dict(config)
-    cfg.draft_vocab_size = int(config.get("draft_vocab_size") or 0)
+    try:
+        cfg = HeadConfig.from_dflash_dict(config)  # reads the top-level draft_vocab_size vLLM uses
+    except HeadMismatchError as exc:
+        return [str(exc)]
     want = expected_tensors(cfg)
     with safe_open(str(path / WEIGHTS), framework="pt") as f:
         have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
