@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"finalist v{f['version']} ({', '.join(f'{k}={f[k]}' for k in cfg.space)}): decoded τ {taus}, "
               f"lossless {bool(f['lossless'])}")
     print(f"challenger: v{out.challenger}" if out.challenger else "no finished lossless trial: challenger unchanged")
-    print(f"{len(out.rows)} trials in {out.seconds / 60:.1f} min")
+    print(f"{len(out.rows)} trials in {out.seconds / 60:.1f} min; MLflow parent run {out.parent_run_id} "
+          "(its trials' training runs nest under it)")
     return 0
 
 

@@ -1,16 +1,20 @@
 """The cluster path: a real `mlflow server` process on 127.0.0.1 (sqlite backend, proxied artifacts),
 reached only over HTTP through `MLFLOW_TRACKING_URI`. Training run, registration, evaluation run, the
 gate and a `models:/…@champion` download all go through our `jetflow.tracking` functions; the run is then
-read back both over HTTP and from the server's own store. The server is stopped in the fixture's finally."""
+read back both over HTTP and from the server's own store. A live training run, its datasets and a sweep's
+parent-run picture are read back through the endpoints the MLflow UI itself calls. The server is stopped
+in the fixture's finally."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -107,3 +111,46 @@ def test_runs_registry_and_gate_work_over_http_against_a_real_mlflow_server(mlfl
     assert champ.version == version and champ.path == resolve_head_uri(f"models:/{registered_model_name(TARGET)}@champion")
     original, loaded = load_file(str(head / "model.safetensors")), load_file(str(champ.path / "model.safetensors"))
     assert original.keys() == loaded.keys() and all(torch.equal(original[k], loaded[k]) for k in original)
+
+
+def _ui_get(url: str, route: str, **query) -> bytes:
+    with urllib.request.urlopen(f"{url}/{route}?{urllib.parse.urlencode(query)}", timeout=30) as resp:
+        return resp.read()
+
+
+def test_the_ui_shows_a_live_training_run_its_datasets_lineage_and_a_sweeps_picture(mlflow_server, tmp_path,
+                                                                                     monkeypatch):
+    """What the MLflow UI pages fetch: the run's metric chart (a point per step), its Dataset column (the
+    regeneration's content hash), the version page's description (a link to the training run) and the
+    sweep parent run's plot artifacts."""
+    from jetflow.tracking import plots
+    from jetflow.tracking.runs import log_figures, sweep_parent_run
+    from tests.conftest import tiny_target
+    from tests.test_live_tracking import TARGET as TINY, small_config, sweep_rows, train_here, write_training_data
+
+    url, _ = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path / "home"))
+    tiny = tiny_target("qwen3", vocab=128)
+    regen, features = write_training_data(tiny)
+    out = tmp_path / "home" / "heads" / "ui"
+    run_id = train_here(small_config("ui", 6), tiny, features, out)
+    assert log_training_run(out) == run_id
+    version = register_head(run_id, TINY)
+
+    chart = json.loads(_ui_get(url, "ajax-api/2.0/mlflow/metrics/get-history-bulk-interval", run_ids=run_id,
+                               metric_key="train/loss", max_results=320))
+    assert sorted(m["step"] for m in chart["metrics"]) == [1, 2, 3, 4, 5, 6]
+    run = json.loads(_ui_get(url, "ajax-api/2.0/mlflow/runs/get", run_id=run_id))["run"]
+    assert run["info"]["status"] == "FINISHED"
+    datasets = {d["dataset"]["name"]: d["dataset"]["digest"] for d in run["inputs"]["dataset_inputs"]}
+    digest = json.loads((regen / "manifest.json").read_text())["content_sha256"][:16]
+    assert datasets == {f"regen/{regen.name}": digest, f"features/{features.name}": features.name}
+    mv = json.loads(_ui_get(url, "ajax-api/2.0/mlflow/model-versions/get", name=registered_model_name(TINY),
+                            version=version))["model_version"]
+    assert f"runs/{run_id})" in mv["description"] and digest in mv["description"]
+
+    parent = sweep_parent_run(TINY, tmp_path / "sweep" / "parent.json", "budget sweep ui", "budget_sweep", {})
+    log_figures(parent, plots.budget_sweep_figures(sweep_rows()))
+    png = _ui_get(url, "get-artifact", path="plots/speedup_vs_budget.png", run_uuid=parent)
+    assert png.startswith(b"\x89PNG")

@@ -306,13 +306,15 @@ def test_batched_regeneration_equals_hf_generate_and_each_prompt_alone(smollm):
     assert sampled != [r[:16] for r in ours]  # really sampled, not greedy
 
 
-def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp_path):
+def test_training_runs_as_a_ray_train_job_and_saves_the_head(tiny, features, tmp_path, monkeypatch):
     """A real Ray Train TorchTrainer (one CPU worker) loads the target by path and trains on the cache,
     with the threads of all the (local, 2-CPU) cluster's cores, not Ray Train's default single CPU."""
     import ray
 
     from jetflow.train.ray_train import train_on_ray
 
+    # each training is a live MLflow run (tests/test_live_tracking.py): keep them out of the real store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     model_dir = tmp_path / "tiny-qwen3"
     tiny.model.save_pretrained(model_dir)
     cfg = TrainConfig(name="ray", num_hidden_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2,

@@ -3,12 +3,18 @@ run (a `ScalingConfig` worker per trial: CPU locally, a GPU each on a cluster) r
 cache, stopped early by ASHA on the held-out simulated tree τ; the finalists are decoded for real on
 held-out prompts, logged and registered, and the best becomes the `challenger` (the promotion gate, not
 the sweep, decides about `champion`).
+
+In MLflow the sweep is a parent run (`arch sweep <name>`) and every trial a live training run nested under
+it (`jetflow.tracking.live`), so a trial ASHA stopped keeps its curves up to the stop and is marked KILLED;
+the parent run holds the summary table and the sweep's picture (simulated τ over steps per trial, final τ
+per setting).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,10 +125,12 @@ def arch_trial(config: dict) -> None:
     shared, sampled = config["shared"], config["arch"]
     trial_id = tune.get_context().get_trial_id()
     tcfg = TrainConfig(**{**shared["train"], **sampled, "name": f"{shared['name']}-{trial_id}"})
+    os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, whatever this worker inherited
     train_on_ray(tcfg, shared["target"], Path(shared["features"][str(tcfg.num_taps)]),
                  Path(shared["heads"]) / tcfg.name, num_workers=shared["workers"], use_gpu=shared["use_gpu"],
                  storage=Path(shared["storage"]), callbacks=[TuneReportCallback()], run_name=f"train-{tcfg.name}",
-                 evals_only=True, cpus_per_worker=1 - DRIVER_CPU)
+                 evals_only=True, cpus_per_worker=1 - DRIVER_CPU, parent_run_id=shared["parent_run_id"],
+                 mlflow_run_name=f"arch {tcfg.name}", progress_s=None)
 
 
 @dataclass
@@ -131,22 +139,40 @@ class ArchOutcome:
     finalists: list[dict]             # decoded finalists: head dir, version, τ per set
     challenger: str | None            # registered version now aliased `challenger`
     seconds: float = 0.0
+    parent_run_id: str | None = None  # the sweep's MLflow parent run
+    failed: int = 0                   # trials that ended in an error
 
 
 def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> ArchOutcome:
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
     from jetflow.sweeps.cluster import init_ray
+    from jetflow.tracking.runs import ending, sweep_parent_run
+    from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
     init_ray(ray_address)
+    exp_dir = cfg.storage_path / cfg.name
+    parent = sweep_parent_run(cfg.target, exp_dir / "mlflow_parent_run.json", f"arch sweep {cfg.name}", "arch_sweep",
+                              {k: v for k, v in asdict(cfg).items() if k != "search"} | {"search": cfg.space})
+    with ending(parent):  # FINISHED, or KILLED / FAILED when the sweep itself stops
+        out = _sweep(cfg, exp_dir, parent)
+    if out.failed:
+        client().set_terminated(parent, "FAILED")
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from jetflow.tracking.store import tracking_uri
+
     features = prepare_features(cfg)
     base = cfg.base_train({})
     shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
               "features": {str(k): v for k, v in features.items()}, "heads": str(heads_dir()), "name": cfg.name,
-              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "storage": str(cfg.storage_path)}
-    exp_dir = cfg.storage_path / cfg.name
+              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "storage": str(cfg.storage_path),
+              "parent_run_id": parent, "tracking_uri": tracking_uri()}
     # the trial's driver holds almost nothing (Tune refuses zero); its Ray Train workers ask for the rest
     trainable = tune.with_resources(arch_trial, {"cpu": DRIVER_CPU})
     if tune.Tuner.can_restore(str(exp_dir)):
@@ -163,7 +189,7 @@ def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> Arch
             run_config=tune.RunConfig(name=cfg.name, storage_path=str(cfg.storage_path), verbose=1),
         )
     grid = tuner.fit()
-    rows = []
+    rows, histories = [], []
     for res in grid:
         m = res.metrics or {}
         if METRIC not in m:
@@ -171,9 +197,65 @@ def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> Arch
         rows.append({**res.config["arch"], "tree_tau": m[METRIC], "chain_tau": m.get("eval/chain_tau", math.nan),
                      "step": m.get("step", 0), "finished": "train/seconds" in m,
                      "head_dir": str(Path(shared["heads"]) / f"{cfg.name}-{m['trial_id']}")})
+        histories.append(_history(res, rows[-1], list(cfg.space)))
+    _mark_stopped(rows)
     finalists = _finalize(cfg, rows)
     challenger = finalists[0]["version"] if finalists and finalists[0].get("version") else None
-    return ArchOutcome(rows=rows, finalists=finalists, challenger=challenger, seconds=time.perf_counter() - t0)
+    _log_parent(parent, cfg, rows, histories)
+    return ArchOutcome(rows=rows, finalists=finalists, challenger=challenger, parent_run_id=parent,
+                       failed=sum(res.error is not None for res in grid))
+
+
+def setting_label(row: dict, keys: list[str]) -> str:
+    """A trial's sampled setting in one line: "num_hidden_layers=2 causal=True lr=0.0006"."""
+    return " ".join(f"{k}={row[k]}" for k in keys)
+
+
+def _history(result, row: dict, keys: list[str]) -> dict:
+    """A trial's held-out reports, as `jetflow.tracking.plots.arch_sweep_figures` takes them."""
+    frame = result.metrics_dataframe
+    if frame is not None and METRIC in frame:
+        frame = frame[frame[METRIC].notna()].sort_values("step")
+        steps = [int(s) for s in frame["step"]]
+        tree, chain = ([float(v) for v in frame[key]] if key in frame else [] for key in (METRIC, "eval/chain_tau"))
+    else:  # no history kept: the last report alone
+        steps, tree, chain = [int(row["step"])], [row["tree_tau"]], [row["chain_tau"]]
+    return {"label": setting_label(row, keys), "steps": steps, "tree_tau": tree, "chain_tau": chain,
+            "stopped": not row["finished"]}
+
+
+def _mark_stopped(rows: list[dict]) -> None:
+    """ASHA ends a trial by stopping its Tune actor, so the trial's training run cannot end itself: mark
+    it KILLED here, tagged with who stopped it and at which step (its curves stay as logged)."""
+    from jetflow.tracking.live import recorded_run
+    from jetflow.tracking.store import client
+
+    for row in rows:
+        run = None if row["finished"] else recorded_run(row["head_dir"])
+        if run is not None:
+            client().set_terminated(run.info.run_id, "KILLED")
+            client().set_tag(run.info.run_id, "jetflow.stopped_by", f"ASHA at step {row['step']}")
+
+
+def _log_parent(parent: str, cfg: ArchSweepConfig, rows: list[dict], histories: list[dict]) -> None:
+    """The sweep's parent run: summary table (markdown + MLflow table), the sweep's picture, the best τ."""
+    import pandas as pd
+
+    from jetflow.tracking.plots import arch_sweep_figures
+    from jetflow.tracking.runs import log_figures
+    from jetflow.tracking.store import client
+
+    c = client()
+    keys = list(cfg.space)
+    c.log_text(parent, summary_table(rows, keys) if rows else "(no trial reported)\n", "sweep_table.md")
+    if rows:
+        c.log_table(parent, pd.DataFrame(rows), "sweep_table.json")
+        best = max(rows, key=lambda r: r["tree_tau"])
+        c.log_metric(parent, "best_tree_tau", float(best["tree_tau"]))
+        c.set_tag(parent, "jetflow.best.setting", setting_label(best, keys))
+    c.log_metric(parent, "trials", float(len(rows)))
+    c.log_metric(parent, "trials_stopped_early", float(sum(not r["finished"] for r in rows)))
+    log_figures(parent, arch_sweep_figures(histories))
 
 
 def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:

@@ -95,7 +95,9 @@ def register_head(train_run_id: str, target_id: str, tags: dict[str, str] | None
     """Register the `head/` artifacts of a training run (from `log_training_run`) as a new version of
     `registered_model_name(target_id)`; returns the version number as a string. The version's source is
     `runs:/<run>/head` (plain safetensors + config.json; no MLflow flavor), and it carries lineage tags:
-    training run id, data manifest hash, git commit, architecture summary, target id/revision, weights sha256."""
+    training run id, data manifest hash, git commit, architecture summary, target id/revision, weights sha256,
+    the training run's datasets, and a description linking its training run, datasets and evaluation runs
+    (`jetflow.tracking.lineage`)."""
     c = client()
     try:
         run = c.get_run(train_run_id)
@@ -118,6 +120,9 @@ def register_head(train_run_id: str, target_id: str, tags: dict[str, str] | None
     lineage.update({k: str(v) for k, v in (tags or {}).items()})
     mv = c.create_model_version(name, source=f"runs:/{train_run_id}/{HEAD_ARTIFACT}", run_id=train_run_id,
                                 tags=lineage, description=lineage.get("jetflow.head.arch"))
+    from jetflow.tracking.lineage import refresh_lineage
+
+    refresh_lineage(name, str(mv.version))
     return str(mv.version)
 
 

@@ -1,6 +1,7 @@
 """Training and evaluation runs: params, metrics (per-depth ones step-indexed, step = depth), lineage
-tags, head files and plots as artifacts. Everything goes through an explicit `MlflowClient`, never the
-fluent active-run state, so logging works the same inside Ray Tune trials that hold their own run."""
+tags, head files and plots as artifacts; sweeps' parent runs. Everything goes through an explicit
+`MlflowClient`, never the fluent active-run state, so logging works the same inside Ray Tune trials that
+hold their own run. A training tracked live (`jetflow.tracking.live`) is completed here, not logged twice."""
 
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ from mlflow.utils.validation import (
     MAX_PARAMS_TAGS_PER_BATCH,
 )
 
+from matplotlib.figure import Figure
+from mlflow.exceptions import MlflowException
+
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
 from jetflow.tracking import plots, registry
+from jetflow.metrics import BASELINE_METHODS
 from jetflow.tracking.report import EvalReport, validate_report
 from jetflow.tracking.store import client, experiment_for
 
@@ -32,19 +37,28 @@ _AGREE_KEY = re.compile(r"^eval/agree_d(\d+)$")
 
 # --------------------------------------------------------------------------- run plumbing
 @contextmanager
+def ending(run_id: str, interruptions: tuple[type[BaseException], ...] = ()) -> Iterator[str]:
+    """The run ends when the block does: FINISHED; KILLED on KeyboardInterrupt, SystemExit (a signal) or
+    one of `interruptions`; FAILED on any other exception."""
+    status = RunStatus.FAILED
+    try:
+        yield run_id
+        status = RunStatus.FINISHED
+    except (KeyboardInterrupt, SystemExit, *interruptions):
+        status = RunStatus.KILLED
+        raise
+    finally:
+        client().set_terminated(run_id, RunStatus.to_string(status))
+
+
+@contextmanager
 def _run(target_id: str, run_name: str | None, tags: dict[str, str], parent_run_id: str | None) -> Iterator[str]:
-    """A run in the target's experiment that always ends: FINISHED, or FAILED if logging raised."""
-    c = client()
+    """A run in the target's experiment that always ends (`ending`)."""
     tags = dict(tags)
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id  # how MLflow nests runs (sweep parent → trials)
-    run = c.create_run(experiment_for(target_id), run_name=run_name, tags=tags)
-    status = RunStatus.to_string(RunStatus.FAILED)
-    try:
-        yield run.info.run_id
-        status = RunStatus.to_string(RunStatus.FINISHED)
-    finally:
-        c.set_terminated(run.info.run_id, status)
+    with ending(client().create_run(experiment_for(target_id), run_name=run_name, tags=tags).info.run_id) as run_id:
+        yield run_id
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
@@ -59,21 +73,42 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _log_metrics(run_id: str, metrics: list[Metric]) -> None:
+    """Metrics (each with its own timestamp and step) in log_batch chunks under MLflow's limit."""
+    c = client()
+    for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+        c.log_batch(run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+
+
 def _log_flat(run_id: str, params: Mapping[str, str] = {}, metrics: Mapping[str, float] = {},
-              steps: Mapping[str, list[float]] = {}, tags: Mapping[str, str] = {}) -> None:
-    """log_batch in chunks under MLflow's per-request limits. `steps[key][i]` is logged at step i + 1
-    (step = depth for per-depth series). Over-long param values are cut, since a param is a label."""
+              steps: Mapping[str, list[float]] = {}, tags: Mapping[str, str] = {}, step: int = 0) -> None:
+    """log_batch in chunks under MLflow's per-request limits. `metrics` are logged at `step`;
+    `steps[key][i]` at step i + 1 (step = depth for per-depth series). Over-long param values are cut,
+    since a param is a label."""
     c, now = client(), int(time.time() * 1000)
     plist = [Param(k, str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in params.items()]
     tlist = [RunTag(k, str(v)) for k, v in tags.items()]
-    mlist = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
-    mlist += [Metric(k, float(v), now, i + 1) for k, vs in steps.items() for i, v in enumerate(vs)]
     for i in range(0, len(plist), MAX_PARAMS_TAGS_PER_BATCH):
         c.log_batch(run_id, params=plist[i:i + MAX_PARAMS_TAGS_PER_BATCH])
     for i in range(0, len(tlist), MAX_PARAMS_TAGS_PER_BATCH):
         c.log_batch(run_id, tags=tlist[i:i + MAX_PARAMS_TAGS_PER_BATCH])
-    for i in range(0, len(mlist), MAX_METRICS_PER_BATCH):
-        c.log_batch(run_id, metrics=mlist[i:i + MAX_METRICS_PER_BATCH])
+    _log_metrics(run_id, [Metric(k, float(v), now, step) for k, v in metrics.items()] +
+                 [Metric(k, float(v), now, i + 1) for k, vs in steps.items() for i, v in enumerate(vs)])
+
+
+def _log_new_params(run_id: str, params: Mapping[str, str]) -> None:
+    """Params the run does not hold yet (MLflow refuses to change a logged param; a continued run
+    already holds the ones it was opened with)."""
+    held = client().get_run(run_id).data.params
+    _log_flat(run_id, params={k: v for k, v in params.items() if k not in held})
+
+
+def log_figures(run_id: str, figures: Mapping[str, Figure | None]) -> None:
+    """PNG artifacts of a run, one per {artifact path: figure}; None entries (nothing to draw) are skipped."""
+    c = client()
+    for path, fig in figures.items():
+        if fig is not None:
+            c.log_figure(run_id, fig, path)
 
 
 def _current_provenance() -> dict:
@@ -114,17 +149,31 @@ def _read_json(path: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- training runs
-def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
+def training_params(train_cfg: Mapping[str, Any]) -> dict[str, str]:
+    """A training config (`TrainConfig.to_dict()`) as the training run's `train.*` params."""
+    return _flatten("train", train_cfg, {})
+
+
+def log_training_run(head_dir: str | Path, target_id: str | None = None, target_revision: str | None = None,
                      parent_run_id: str | None = None, run_name: str | None = None) -> str:
     """Log a trained head folder (config.json, model.safetensors, and when present metrics.json,
     provenance.json, train_config.json) as a run of experiment `jetflow/<target_id>`; returns the run id.
+    The target id and revision default to those in the head's config.json.
 
     params: `head.*` (architecture), `train.*` (training config), `data.*` (manifest hash, tokens);
     metrics: metrics.json numbers, plus `eval/agree_dK` again as the series `eval/agreement_by_depth`
     (step = depth K); tags: `jetflow.kind=train`, target id/revision, git commit, package versions,
     weights sha256; artifacts: the folder's top-level files under `head/` (what `register_head`
     registers; checkpoints/ is left out) and a plot of agreement by depth.
+
+    When the folder's training was tracked live (`jetflow.tracking.live`: its marker names a run of this
+    store), that run is completed instead of a second one made: it gets the head files, the tags, and
+    the params and metrics it does not hold yet (e.g. the pipeline's decoded τ, at the final training
+    step); what training logged stays as it is, and so does the run's status (its duration is the
+    training's). `run_name` renames it, `parent_run_id` nests it if it is not nested yet.
     """
+    from jetflow.tracking.live import recorded_run
+
     head_dir = Path(head_dir).expanduser().resolve()
     if not (head_dir / "config.json").exists() or not (head_dir / "model.safetensors").exists():
         raise HeadNotFoundError(f"{head_dir} is not a head folder: it needs config.json and model.safetensors "
@@ -133,7 +182,12 @@ def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
         config = json.loads((head_dir / "config.json").read_text())
     except ValueError as exc:
         raise HeadNotFoundError(f"{head_dir / 'config.json'} is not valid JSON ({exc})") from None
-    trained_for = (config.get("jetflow") or {}).get("target_model_id")
+    recorded = config.get("jetflow") or {}
+    trained_for = recorded.get("target_model_id")
+    target_id = target_id or trained_for
+    target_revision = target_revision or recorded.get("target_revision") or "unknown"
+    if not target_id:
+        raise InvalidSettingError(f"{head_dir / 'config.json'} names no target: pass the target id")
     if trained_for and trained_for != target_id:
         raise HeadMismatchError(f"{head_dir} was trained for target {trained_for!r}, not {target_id!r}; "
                                 f"log it under --target {trained_for}")
@@ -144,7 +198,7 @@ def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
     metrics = {k: float(v) for k, v in metrics_file.items() if isinstance(v, (int, float))}  # bools → 0/1
     agreement = sorted((int(m[1]), v) for k, v in metrics.items() if (m := _AGREE_KEY.match(k)))
     steps = {AGREEMENT_BY_DEPTH: [v for _, v in agreement]} if agreement else {}
-    params = {**_head_params(config), **_flatten("train", train_cfg, {})}
+    params = {**_head_params(config), **training_params(train_cfg)}
     for key in ("data_manifest_sha256", "data_tokens", "preset", "data_dir", "features"):
         if key in prov:
             params[f"data.{key.removeprefix('data_')}"] = str(prov[key])
@@ -158,16 +212,32 @@ def log_training_run(head_dir: str | Path, target_id: str, target_revision: str,
     if prov.get("command"):
         tags["jetflow.command"] = prov["command"]
 
-    with _run(target_id, run_name or f"train {head_dir.name}", tags, parent_run_id) as run_id:
-        _log_flat(run_id, params, metrics, steps)
+    def attach(run_id: str, held: Any = None) -> None:
+        held_params, held_metrics = (held.params, held.metrics) if held is not None else ({}, {})
+        _log_flat(run_id, {k: v for k, v in params.items() if k not in held_params},
+                  {k: v for k, v in metrics.items() if k not in held_metrics},
+                  {k: v for k, v in steps.items() if k not in held_metrics},
+                  tags=tags if held is not None else {},
+                  step=int(metrics.get("train/steps", 0)) if held is not None else 0)
         c = client()
         for f in sorted(head_dir.iterdir()):  # top-level files only: checkpoints/ is resumable trainer state
             if f.is_file() and not f.name.startswith("."):
                 c.log_artifact(run_id, str(f), registry.HEAD_ARTIFACT)
         if agreement:
-            c.log_figure(run_id, plots.depth_curve(steps[AGREEMENT_BY_DEPTH], "top-1 agreement with target",
-                                                   "held-out agreement by depth"),
-                         "plots/agreement_by_depth.png")
+            log_figures(run_id, {"plots/agreement_by_depth.png": plots.depth_curve(
+                steps[AGREEMENT_BY_DEPTH], "top-1 agreement with target", "held-out agreement by depth")})
+
+    live = recorded_run(head_dir)
+    if live is None:
+        with _run(target_id, run_name or f"train {head_dir.name}", tags, parent_run_id) as run_id:
+            attach(run_id)
+        return run_id
+    run_id = live.info.run_id
+    if run_name and run_name != live.info.run_name:
+        client().update_run(run_id, name=run_name)
+    if parent_run_id and "mlflow.parentRunId" not in live.data.tags:
+        tags["mlflow.parentRunId"] = parent_run_id
+    attach(run_id, live.data)
     return run_id
 
 
@@ -237,16 +307,41 @@ def log_evaluation(report: dict | EvalReport, run_name: str | None = None, paren
 
             c.log_table(run_id, pd.DataFrame(rows), "eval_table.json")
             c.log_text(run_id, _markdown_table(rows), "eval_table.md")
-        figures = {
-            "plots/tau_vs_budget.png": plots.tau_vs_budget(rep.rows),
-            "plots/speedup_vs_budget.png": plots.speedup_vs_budget(rep.rows),
+        # A sweep trial measures one budget: a curve over budget is drawn on the sweep's parent run instead.
+        over_budget = len({r.budget for r in rep.rows if r.method not in BASELINE_METHODS}) > 1
+        log_figures(run_id, {
+            "plots/tau_vs_budget.png": plots.tau_vs_budget(rep.rows) if over_budget else None,
+            "plots/speedup_vs_budget.png": plots.speedup_vs_budget(rep.rows) if over_budget else None,
             "plots/acceptance_by_depth.png": plots.acceptance_by_depth(rep.step_metrics),
             "plots/verify_cost.png": plots.verify_cost(rep.cost_model) if rep.cost_model else None,
-        }
-        for path, fig in figures.items():
-            if fig is not None:
-                c.log_figure(run_id, fig, path)
+        })
+    if "jetflow.head.version" in tags:  # the registered version lists its evaluation runs
+        from jetflow.tracking.lineage import refresh_lineage
+
+        refresh_lineage(tags["jetflow.head.registered_name"], tags["jetflow.head.version"])
     return run_id
+
+
+# --------------------------------------------------------------------------- sweeps' parent runs
+def sweep_parent_run(target_id: str, marker: Path, run_name: str, kind: str, params: Mapping[str, Any],
+                     tags: Mapping[str, str] = {}) -> str:
+    """The parent run of a sweep (its trials' runs nest under it through `parent_run_id`), continued when
+    the sweep resumes: its id is kept in `marker`, a file beside Ray Tune's state. A marker naming a run
+    this store does not have (another store) is replaced. The caller ends the run (`ending`)."""
+    c = client()
+    if marker.exists():
+        try:
+            run_id = json.loads(marker.read_text())["run_id"]
+            c.update_run(run_id, status="RUNNING")
+            return run_id
+        except (MlflowException, KeyError, ValueError):
+            pass
+    created = c.create_run(experiment_for(target_id), run_name=run_name,
+                           tags={KIND_TAG: kind, "jetflow.target.id": target_id, **tags})
+    _log_flat(created.info.run_id, params=_flatten("", params, {}))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"run_id": created.info.run_id}))
+    return created.info.run_id
 
 
 # --------------------------------------------------------------------------- folder → registered version

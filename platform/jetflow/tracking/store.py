@@ -18,6 +18,8 @@ from jetflow.paths import jetflow_home
 DB_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 EXPERIMENT_PREFIX = "jetflow/"
+# The MLflow UI shows an experiment of this kind as model training (runs, metric charts), not GenAI traces.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 # Stores that own their artifact root (an `mlflow server` proxies artifacts; Databricks manages its own).
 _REMOTE_SCHEMES = ("http", "https", "databricks", "databricks-uc")
 
@@ -76,6 +78,8 @@ def experiment_for(target_id: str) -> str:
     c, name = client(), experiment_name(target_id)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before experiments carried their kind
+            c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return exp.experiment_id
     location = None
     if not is_remote():
@@ -83,7 +87,8 @@ def experiment_for(target_id: str) -> str:
         folder.mkdir(parents=True, exist_ok=True)
         location = folder.as_uri()  # MLflow appends <run_id>/artifacts per run
     try:
-        return c.create_experiment(name, artifact_location=location)
+        return c.create_experiment(name, artifact_location=location,
+                                   tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except MlflowException as exc:  # a concurrent trial created it first
         if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise

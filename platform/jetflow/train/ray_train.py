@@ -1,10 +1,13 @@
 """Head training as a Ray Train `TorchTrainer`: one worker using every local core on a laptop, N GPU
 workers on a cluster. Each worker loads the frozen target and the shared feature cache; rank 0
-checkpoints and saves."""
+checkpoints and saves. The training is tracked live in MLflow (`jetflow.tracking.live`): the driver
+opens and ends the run and prints progress, the rank-0 worker logs every step into it."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from contextlib import nullcontext
 from pathlib import Path
 
 
@@ -17,6 +20,15 @@ def _loop(config: dict) -> None:
     from jetflow.train.trainer import train
 
     ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    tracked = config.get("mlflow")
+    step_log = None
+    if tracked:
+        from jetflow.tracking.live import StepLogger
+
+        os.environ["MLFLOW_TRACKING_URI"] = tracked["tracking_uri"]  # the driver's store, whatever we inherited
+        step_log = StepLogger(tracked["run_id"], steps=rank == 0, flush_every=config["train"]["checkpoint_every"],
+                              node_id=f"rank{rank}" if world > 1 else None)
     target = TargetModel.load(config["model"])
     online = config.get("online")
     if online:  # features computed on the fly from the regenerated data (no feature cache on disk)
@@ -26,8 +38,10 @@ def _loop(config: dict) -> None:
     every = max(1, config["train"]["checkpoint_every"])
 
     def log(metrics: dict, step: int) -> None:
-        # every checkpoint interval and every periodic held-out eval (what a Tune scheduler stops on);
-        # the final metrics are reported below, with the checkpoint
+        if step_log is not None:  # every step into MLflow (rank 0)
+            step_log(metrics, step)
+        # to Ray Train: every checkpoint interval and every periodic held-out eval (what a Tune scheduler
+        # stops on); the final metrics are reported below, with the checkpoint
         has_eval = any(k.startswith("eval/") for k in metrics)
         if config.get("evals_only") and not has_eval:
             return  # under a Tune scheduler every report must carry the metric it stops on
@@ -35,9 +49,9 @@ def _loop(config: dict) -> None:
             ray.train.report({**metrics, "step": step})
 
     out = Path(config["out"])
-    rank = ctx.get_world_rank()
-    metrics = train(TrainConfig(**config["train"]), target, data, out, log=log, progress=False,
-                    rank=rank, world=ctx.get_world_size())
+    with step_log or nullcontext():  # flushes the last points and stops the system metrics, however it ends
+        metrics = train(TrainConfig(**config["train"]), target, data, out, log=log, progress=False,
+                        rank=rank, world=world, on_start=step_log.start if step_log else None)
     # the trained head folder is the run's Ray checkpoint (rank 0 owns it; every rank reports)
     checkpoint = ray.train.Checkpoint.from_directory(str(out)) if rank == 0 else None
     ray.train.report({**metrics, "step": metrics.get("train/steps", 0)}, checkpoint=checkpoint)
@@ -45,13 +59,21 @@ def _loop(config: dict) -> None:
 
 def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use_gpu: bool = False,
                  storage: Path | None = None, callbacks: list | None = None, run_name: str | None = None,
-                 evals_only: bool = False, cpus_per_worker: float | None = None) -> dict:
+                 evals_only: bool = False, cpus_per_worker: float | None = None, *, track: bool = True,
+                 parent_run_id: str | None = None, mlflow_run_name: str | None = None,
+                 progress_s: float | None = 30.0) -> dict:
     """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
     go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
     `evals_only` so that only reports with held-out metrics are made). `features` is a feature-cache
     folder, or an `OnlineFeatures` (its regenerated data and spec travel to the workers instead).
-    Without `cpus_per_worker` (and without GPUs) each worker gets `default_cpus_per_worker`."""
+    Without `cpus_per_worker` (and without GPUs) each worker gets `default_cpus_per_worker`.
+
+    With `track` the training is a live MLflow run (`jetflow.tracking.live.training_run`: named
+    `mlflow_run_name`, default "train <name>", nested under `parent_run_id`), continued when `out` has
+    checkpoints to resume, and this process prints a progress line every `progress_s` seconds (None:
+    silent)."""
     import ray
+    from ray.exceptions import RayActorError
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -61,17 +83,29 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
         ray.init(include_dashboard=False, log_to_driver=False)
     if cpus_per_worker is None and not use_gpu:
         cpus_per_worker = default_cpus_per_worker(num_workers)
-    trainer = TorchTrainer(
-        _loop,
-        train_loop_config={"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
-                           "out": str(Path(out).resolve()), "evals_only": evals_only},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
-        run_config=RunConfig(name=run_name or f"train-{cfg.name}", callbacks=callbacks or None,
-                             storage_path=str((storage or jetflow_home() / "ray_results").resolve())),
-    )
-    result = trainer.fit()
-    return dict(result.metrics or {})
+    loop_config = {"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
+                   "out": str(Path(out).resolve()), "evals_only": evals_only}
+
+    def fit() -> dict:
+        trainer = TorchTrainer(
+            _loop, train_loop_config=loop_config,
+            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                         resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
+            run_config=RunConfig(name=run_name or f"train-{cfg.name}", callbacks=callbacks or None,
+                                 storage_path=str((storage or jetflow_home() / "ray_results").resolve())),
+        )
+        return dict(trainer.fit().metrics or {})
+
+    if not track:
+        return fit()
+    from jetflow.tracking.live import ConsoleProgress, training_run
+
+    # Ctrl-C reaches Ray Train's own SIGINT handler, which aborts its controller: `fit` then ends in a
+    # RayActorError, which marks the run KILLED like the signal itself would.
+    with training_run(cfg, out, features, parent_run_id=parent_run_id, run_name=mlflow_run_name,
+                      interruptions=(RayActorError,)) as run, ConsoleProgress(run, cfg.name, progress_s):
+        loop_config["mlflow"] = run.worker_config()
+        return fit()
 
 
 def default_cpus_per_worker(num_workers: int) -> float:

@@ -111,9 +111,14 @@ def split_indices(n: int, eval_sequences: int, seed: int) -> tuple[list[int], li
 
 
 def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable[[dict, int], None] | None = None,
-          stop_after: int | None = None, progress: bool = True, rank: int = 0, world: int = 1) -> dict:
-    """Train (or resume) a head into `out`; returns the final metrics. `stop_after` ends the run early
-    after that many optimizer steps (a simulated kill, for tests)."""
+          stop_after: int | None = None, progress: bool = True, rank: int = 0, world: int = 1,
+          on_start: Callable[[DraftHead, dict], None] | None = None) -> dict:
+    """Train (or resume) a head into `out`; returns the final metrics. `log(metrics, step)` gets every
+    optimizer step's metrics (loss, lr, epoch, drafted tokens/s; the held-out monitor's when it runs) and
+    the final ones. `on_start(head, schedule)` is called once the head is built and any checkpoint
+    restored; `schedule` has total_steps, steps_per_epoch, warmup_steps, train_sequences, eval_sequences
+    and start_step (> 0 when resuming). `stop_after` ends the run early after that many optimizer steps
+    (a simulated kill, for tests)."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -131,7 +136,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
     step = 0
     ckpt_root = out / "checkpoints"
-    latest = _latest_checkpoint(ckpt_root)
+    latest = latest_checkpoint(ckpt_root)
     if latest is not None:
         state = torch.load(latest / STATE, weights_only=False)
         head.load_state_dict(state["head"])
@@ -139,6 +144,9 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         sched.load_state_dict(state["scheduler"])
         step = state["step"]
     head.train()
+    if on_start:
+        on_start(head, {"total_steps": total, "steps_per_epoch": steps_per_epoch, "warmup_steps": warmup,
+                        "train_sequences": len(train_idx), "eval_sequences": len(eval_idx), "start_step": step})
     metrics: dict = {}
     t0 = time.perf_counter()
     tokens_seen = 0
@@ -177,7 +185,11 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss_sum:.3f}")
-        metrics = {"train/loss": loss_sum, "train/lr": sched.get_last_lr()[0], "train/blocks": blocks}
+        elapsed = time.perf_counter() - t0
+        metrics = {"train/loss": loss_sum, "train/lr": sched.get_last_lr()[0], "train/blocks": blocks,
+                   "train/epoch": step / steps_per_epoch,
+                   # this worker's drafted positions per second since this (possibly resumed) session began
+                   "train/draft_tokens_per_s": tokens_seen / elapsed if elapsed else 0.0}
         if cfg.eval_every and step % cfg.eval_every == 0 and step < total:
             metrics.update(evaluate(head, target, data, eval_idx, cfg).as_metrics())
         if log:
@@ -202,7 +214,8 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
     return metrics
 
 
-def _latest_checkpoint(root: Path) -> Path | None:
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint folder under `root` (a head folder's checkpoints/), or None."""
     done = sorted(p for p in root.glob("step-*") if (p / STATE).exists()) if root.exists() else []
     return done[-1] if done else None
 
