@@ -354,7 +354,7 @@ def test_budget_sweep_figures_add_speedup_vs_concurrency_when_several_levels_wer
 
 
 def test_the_arch_sweep_parent_run_has_its_table_and_picture_and_a_stopped_trial_is_killed(store, tiny, data, tmp_path):
-    from jetflow.sweeps.arch import ArchSearch, ArchSweepConfig, _log_parent, _mark_stopped
+    from jetflow.sweeps.arch import ArchSearch, ArchSweepConfig, _log_parent, _settle_trial_runs
 
     _, features = data
     cfg = ArchSweepConfig(target=TARGET, preset="smoke", search=ArchSearch(num_hidden_layers=[1, 2], causal=[],
@@ -374,14 +374,18 @@ def test_the_arch_sweep_parent_run_has_its_table_and_picture_and_a_stopped_trial
                      "finished": steps == 4, "head_dir": str(head)})
         histories.append({"label": f"num_hidden_layers={layers}", "steps": [2, 4][: steps // 2],
                           "tree_tau": [1.2, 1.5][: steps // 2], "stopped": steps < 4})
+    # Tune stopped the finished trial's actor right after its final report: its run ended KILLED
+    done = recorded_run(tmp_path / "trial-1").info
+    client().set_terminated(done.run_id, "KILLED", end_time=done.end_time)
     with ending(parent):
-        _mark_stopped(rows)
+        _settle_trial_runs(rows)
         _log_parent(parent, cfg, rows, histories)
 
     stopped = recorded_run(tmp_path / "trial-2")
     assert stopped.info.status == "KILLED" and stopped.data.tags["jetflow.stopped_by"] == "ASHA at step 2"
     assert stopped.data.tags["mlflow.parentRunId"] == parent and len(history(stopped.info.run_id, "train/loss")) == 2
-    assert recorded_run(tmp_path / "trial-1").info.status == "FINISHED"
+    settled = recorded_run(tmp_path / "trial-1").info
+    assert (settled.status, settled.end_time) == ("FINISHED", done.end_time)
     run = client().get_run(parent)
     assert run.info.status == "FINISHED" and run.data.tags["jetflow.kind"] == "arch_sweep"
     assert run.data.metrics["best_tree_tau"] == 3.5 and run.data.metrics["trials_stopped_early"] == 1

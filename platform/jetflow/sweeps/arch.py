@@ -198,7 +198,7 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
                      "step": m.get("step", 0), "finished": "train/seconds" in m,
                      "head_dir": str(Path(shared["heads"]) / f"{cfg.name}-{m['trial_id']}")})
         histories.append(_history(res, rows[-1], list(cfg.space)))
-    _mark_stopped(rows)
+    _settle_trial_runs(rows)
     finalists = _finalize(cfg, rows)
     challenger = finalists[0]["version"] if finalists and finalists[0].get("version") else None
     _log_parent(parent, cfg, rows, histories)
@@ -224,16 +224,23 @@ def _history(result, row: dict, keys: list[str]) -> dict:
             "stopped": not row["finished"]}
 
 
-def _mark_stopped(rows: list[dict]) -> None:
-    """ASHA ends a trial by stopping its Tune actor, so the trial's training run cannot end itself: mark
-    it KILLED here, tagged with who stopped it and at which step (its curves stay as logged)."""
+def _settle_trial_runs(rows: list[dict]) -> None:
+    """Tune ends a trial by stopping its actor — ASHA at a rung, or at max_t right after the final report
+    — so a trial's training run may have ended KILLED although its training completed. The sweep knows:
+    FINISHED when the trial reported its final metrics, else KILLED, tagged with who stopped it and at which
+    step (its curves stay as logged); the end time stays the one the run recorded."""
     from jetflow.tracking.live import recorded_run
     from jetflow.tracking.store import client
 
     for row in rows:
-        run = None if row["finished"] else recorded_run(row["head_dir"])
-        if run is not None:
-            client().set_terminated(run.info.run_id, "KILLED")
+        run = recorded_run(row["head_dir"])
+        if run is None:
+            continue
+        status = "FINISHED" if row["finished"] else "KILLED"
+        if run.info.status != status:
+            ended = run.info.end_time if run.info.status != "RUNNING" else None
+            client().set_terminated(run.info.run_id, status, end_time=ended)
+        if not row["finished"]:
             client().set_tag(run.info.run_id, "jetflow.stopped_by", f"ASHA at step {row['step']}")
 
 

@@ -258,6 +258,7 @@ def arch_sweep_figures(trials: Sequence[Mapping[str, Any]]) -> dict[str, Figure]
         if t.get("stopped"):
             ax.plot(t["steps"][-1:], t["tree_tau"][-1:], marker="x", markersize=9, color=line.get_color())
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out simulated tree τ")
     ax.set_title("architecture sweep: simulated τ over steps (x: stopped by ASHA)")
