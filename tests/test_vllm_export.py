@@ -27,7 +27,7 @@ from jetflow.errors import (
 )
 from jetflow.head import DraftHead, HeadConfig, load_head, save_head
 from jetflow.vllm import VLLM_VERSION, require_vllm, vllm_available
-from jetflow.vllm.export import PROVENANCE, export_vllm, validate_vllm_export
+from jetflow.vllm.export import PROVENANCE, check_exportable, export_vllm, validate_vllm_export
 from safetensors.torch import load_file, save_file
 
 H, HEADS, KV, HEAD_DIM, FFN, VOCAB = 64, 4, 2, 16, 128, 128
@@ -154,7 +154,7 @@ def test_export_writes_exactly_the_tensors_vllms_dflash_loader_reads(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
     assert config["dflash_config"] == {"block_size": 8, "target_layer_ids": [1, 3], "mask_token_id": VOCAB - 2,
-                                       "causal": True}
+                                       "causal": True, "causal_head": True}  # vLLM's name and the paper's
     assert config["is_causal"] is True and config["block_size"] == 8 and config["is_neox_style"] is True
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
             config["num_key_value_heads"], config["head_dim"], config["intermediate_size"],
@@ -190,6 +190,7 @@ def test_bidirectional_head_exports_non_causal_flags_and_cast_weights(tmp_path):
     out = export_vllm(src, tmp_path / "vllm", dtype="bfloat16")
     config = json.loads((out / "config.json").read_text())
     assert config["is_causal"] is False and config["dflash_config"]["causal"] is False
+    assert config["dflash_config"]["causal_head"] is False
     assert config["dtype"] == "bfloat16"
     assert {v.dtype for v in load_file(str(out / "model.safetensors")).values()} == {torch.bfloat16}
     assert json.loads((out / PROVENANCE).read_text())["converted"] == ["weights cast float32 → bfloat16"]
@@ -257,7 +258,7 @@ def test_validate_flags_checkpoints_vllm_would_misload(tmp_path):
     config = json.loads((out / "config.json").read_text())
     config["is_causal"] = False
     (out / "config.json").write_text(json.dumps(config))
-    assert any("is_causal disagrees" in p for p in validate_vllm_export(out))
+    assert any("causal flag twice, differently" in p for p in validate_vllm_export(out))
 
 
 def test_cli_export_writes_the_checkpoint_and_exits_2_on_a_refused_head(tmp_path, capsys):
@@ -270,3 +271,90 @@ def test_cli_export_writes_the_checkpoint_and_exits_2_on_a_refused_head(tmp_path
     _, bad = tiny_head(tmp_path, name="tapnorm", tap_norm=True)
     assert main(["export", "--to", "vllm", "--head", str(bad), "--out", str(tmp_path / "bad")]) == 2
     assert "tap_norm=True" in capsys.readouterr().err
+
+
+def test_the_demo_vllm_preset_trains_a_head_vllm_can_load_and_the_demo_preset_does_not(tmp_path):
+    """Without training: the head the `demo-vllm` preset would train for a SmolLM2-shaped target (30 layers,
+    the preset's taps and 16K draft vocabulary) passes the exporter's refusal checks and its key-by-key,
+    shape-by-shape validation; the `demo` preset's head is refused, naming an option."""
+    from jetflow.target import default_layer_ids
+    from jetflow.train.pipeline import PRESETS
+    from tests.conftest import tiny_target
+
+    target = tiny_target("llama", vocab=20_000, layers=30)
+    taps = default_layer_ids(target.num_layers, PRESETS["demo-vllm"].train.num_taps)
+    cfg = PRESETS["demo-vllm"].train.head_config(target, taps)
+    check_exportable(cfg, target.lm_head_weight, target.lm_head_bias)
+    head = DraftHead(cfg)
+    head.set_draft_vocab(torch.randperm(target.vocab_size)[: cfg.draft_vocab_size])
+    out = export_vllm(save_head(head, tmp_path / "head"), tmp_path / "vllm", lm_head_weight=target.lm_head_weight)
+    assert validate_vllm_export(out) == []
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 16384
+
+    with pytest.raises(ExportUnsupportedError, match="tap_norm"):
+        check_exportable(PRESETS["demo"].train.head_config(target, taps), target.lm_head_weight)
+
+
+# ----------------------------------------------------------------------------- vLLM baseline rows
+def _fake_vllm(calls: list, differ: bool = False):
+    """A stand-in for generate_greedy: answers prompt i with [i, i+1] (+[99] speculatively when `differ`),
+    1 s per prompt AR and 0.5 s speculative, 2 drafts with 3 accepted tokens per prompt when speculative."""
+    from jetflow.vllm.generate import VllmRun
+
+    def run(model, prompts, max_new_tokens, stop_ids, *, speculative_config=None, **engine):
+        calls.append({"model": model, "prompts": prompts, "max_new_tokens": max_new_tokens, "stop_ids": stop_ids,
+                      "speculative_config": speculative_config, **engine})
+        spec = speculative_config is not None
+        ids = [[i, i + 1] + ([99] if spec and differ else []) for i in range(len(prompts))]
+        n = len(prompts)
+        return VllmRun(token_ids=ids, seconds=n * (0.5 if spec else 1.0), startup_s=1.0, vllm_version="0.33.0",
+                       prompt_seconds=[0.5 if spec else 1.0] * n, prompt_drafts=[2 if spec else 0] * n,
+                       prompt_accepted=[3 if spec else 0] * n)
+    return run
+
+
+def test_vllm_rows_follow_the_report_contract_with_one_engine_per_method(tmp_path):
+    from jetflow.tracking.report import ReportRow
+    from jetflow.vllm.baseline import vllm_rows
+
+    _, src = tiny_head(tmp_path)
+    exported = export_vllm(src, tmp_path / "vllm")
+    model = tmp_path / "target"
+    model.mkdir()
+    calls: list = []
+    prompts = {"mtbench": [[1, 2, 3], [4, 5]], "humaneval": [[6, 7, 8, 9]]}
+    rows = vllm_rows(str(model), prompts, [0], 16, exported_head=exported, run=_fake_vllm(calls))
+
+    assert len(calls) == 2  # AR, then DFlash: every dataset's prompts through one engine each
+    assert [c["prompts"] for c in calls] == [[[1, 2, 3], [4, 5], [6, 7, 8, 9]]] * 2
+    assert calls[0]["speculative_config"] is None and calls[0]["model"] == str(model)
+    assert calls[1]["speculative_config"] == {"method": "dflash", "model": str(exported), "num_speculative_tokens": 7}
+    assert calls[1]["max_model_len"] == 4 + 16 + 7 + 1
+    for row in rows:
+        ReportRow.model_validate(row)
+    by = {(r["dataset"], r["method"]): r for r in rows}
+    assert set(by) == {(d, m) for d in prompts for m in ("vllm_ar", "vllm_dflash")}
+    ar, spec = by[("mtbench", "vllm_ar")], by[("mtbench", "vllm_dflash")]
+    assert (ar["tau"], ar["budget"], ar["tree"], ar["lossless"]) == (1.0, 1, None, None)
+    assert spec["tau"] == 1 + 3 / 2 and spec["tree"] == {"algorithm": "chain", "budget": 8, "width": 1}
+    assert spec["speedup_vs_vllm_ar"] == 2.0 and spec["lossless"] is True and spec["tokens"] == 4
+    assert by[("humaneval", "vllm_dflash")]["prompts"] == 1 and spec["timing"] == "end_to_end"
+
+
+def test_a_vllm_dflash_row_that_differs_from_vllm_ar_is_not_lossless(tmp_path):
+    from jetflow.vllm.baseline import vllm_rows
+
+    _, src = tiny_head(tmp_path)
+    exported = export_vllm(src, tmp_path / "vllm")
+    rows = vllm_rows(str(tmp_path), {"mtbench": [[1, 2]]}, [0], 8, exported_head=exported,
+                     run=_fake_vllm([], differ=True))
+    assert [r["lossless"] for r in rows if r["method"] == "vllm_dflash"] == [False]
+
+
+def test_vllm_rows_without_vllm_stop_with_the_install_command(no_vllm, tmp_path):
+    from jetflow.vllm.baseline import vllm_rows
+
+    with pytest.raises(VllmUnavailableError, match="pip install"):
+        vllm_rows(str(tmp_path), {"mtbench": [[1, 2]]}, [0], 8)
+    with pytest.raises(InvalidSettingError, match="jetflow export --to vllm"):
+        vllm_rows(str(tmp_path), {"mtbench": [[1, 2]]}, [0], 8, exported_head=tmp_path / "missing")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -24,6 +27,7 @@ from jetflow.paths import jetflow_home
 
 MANIFEST = "manifest.json"
 BACKENDS = ("hf", "vllm")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -138,18 +142,54 @@ class _ShardWorker:
 
         self.cfg, self.target = cfg, TargetModel.load(cfg.model)
 
+    def ready(self) -> bool:
+        """Answers once the actor is placed and its target loaded."""
+        return True
+
     def run(self, items: list[PromptItem], path: Path) -> dict:
         return regenerate_shard(self.cfg, items, path, target=self.target)
 
 
-def _on_ray_actors(cfg: RegenConfig, jobs: list[tuple[list[PromptItem], Path]]):
-    """Shards spread over `cfg.workers` Ray actors; yields each shard's counts as it finishes."""
+def map_on_started_actors(actors: list, ready: Callable[[Any], Any], run: Callable[[Any, Any], Any],
+                          jobs: list) -> Iterator:
+    """Hand `jobs` to Ray `actors` as each one starts and frees up, yielding results as they finish.
+    `ready(actor)` and `run(actor, job)` return object refs. An actor Ray cannot place yet (more actors than
+    CPUs; on an autoscaling cluster, no node yet) takes no job until it starts — handing shards out up front
+    (ActorPool) left them waiting forever on actors that never ran. Unstarted actors are killed at the end."""
     import ray
-    from ray.util import ActorPool
+
+    starting = {ready(a): a for a in actors}
+    running: dict = {}
+    queue = list(jobs)
+    try:
+        while queue or running:
+            (ref,), _ = ray.wait([*starting, *running], num_returns=1)
+            if ref in starting:
+                ray.get(ref)  # an actor that failed to start raises here
+                free = starting.pop(ref)
+            else:
+                free = running.pop(ref)
+                yield ray.get(ref)
+            if queue:
+                running[run(free, queue.pop(0))] = free
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def _on_ray_actors(cfg: RegenConfig, jobs: list[tuple[list[PromptItem], Path]]):
+    """Shards spread over `cfg.workers` Ray actors (one CPU each); yields each shard's counts as it finishes.
+    More workers than Ray has CPUs: the extra actors wait for CPUs while the started ones do all the shards."""
+    import ray
 
     actor = ray.remote(num_cpus=1)(_ShardWorker)
-    pool = ActorPool([actor.remote(cfg) for _ in range(min(cfg.workers, len(jobs)))])
-    yield from pool.map_unordered(lambda a, job: a.run.remote(*job), jobs)
+    n = min(cfg.workers, len(jobs))
+    actors = [actor.remote(cfg) for _ in range(n)]  # starts a local Ray if none is running
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if n > cpus:
+        log.warning("regeneration: %d workers but Ray has %d CPUs (one per worker): %d start now, the rest "
+                    "when CPUs free up or nodes join", n, cpus, cpus)
+    yield from map_on_started_actors(actors, lambda a: a.ready.remote(), lambda a, job: a.run.remote(*job), jobs)
 
 
 def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,

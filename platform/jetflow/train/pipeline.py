@@ -8,7 +8,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -75,6 +75,13 @@ PRESETS: dict[str, Preset] = {
                    eval_prompts=6, eval_new_tokens=96),
 }
 
+# The demo head inside what vLLM's DFlash model runs (`jetflow export --to vllm` accepts it and refuses the other
+# presets' heads): the demo's data, feature cache (same keys), depth decay, optimiser and 16K draft vocabulary
+# (exported as lm_head + d2t), without the four JetFlow inputs vLLM has no place for — per-tap norms, the anchor
+# shortcut, the per-depth input and copy inputs. Its τ beside the demo head's is what vLLM compatibility costs.
+PRESETS["demo-vllm"] = replace(PRESETS["demo"], train=TrainConfig.from_overrides(PRESETS["demo"].train, {
+    "name": "demo-vllm", "tap_norm": False, "anchor_shortcut": False, "depth_embedding": False, "copy_ngram": 0}))
+
 
 def provenance(extra: dict) -> dict:
     def git(*args: str) -> str:
@@ -99,7 +106,7 @@ def provenance(extra: dict) -> dict:
 class TrainJob:
     """`jobs/train.py`'s own options; the training options (`TrainConfig`) override the preset's."""
 
-    preset: str = "demo"                 # data + training sizes: smoke, demo or long
+    preset: str = "demo"                 # data + training sizes: smoke, demo, demo-vllm (a head vLLM serves) or long
     model: str = "smollm2-135m"          # target: bundled name, local folder or hub id
     workers: int = 1                     # Ray Train workers
     ray: bool = True                     # train under Ray Train (false: in this process)
@@ -111,7 +118,7 @@ class TrainJob:
 class DatagenJob:
     """`jobs/datagen.py`'s own options; the regeneration options (`RegenConfig`) override the preset's."""
 
-    preset: str = "demo"                 # base settings: smoke, demo or long
+    preset: str = "demo"                 # base settings: smoke, demo, demo-vllm or long
     features: bool = True                # also build the feature cache (false: only regenerate)
     feature_max_len: int | None = None   # tokens per sequence in the feature cache (default: the preset's)
 

@@ -24,6 +24,10 @@ class VllmRun:
     drafts: int = 0                     # speculation steps (vllm:spec_decode_num_drafts)
     accepted: int = 0                   # accepted draft tokens (vllm:spec_decode_num_accepted_tokens)
     extra: dict = field(default_factory=dict)
+    # per prompt, in order: generate() seconds, speculation steps, accepted draft tokens
+    prompt_seconds: list[float] = field(default_factory=list)
+    prompt_drafts: list[int] = field(default_factory=list)
+    prompt_accepted: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -51,8 +55,9 @@ def generate_greedy(model: str, prompts: Sequence[Sequence[int]], max_new_tokens
     hub id, see `jetflow.vllm.regenerate.model_source`). Speculative with `speculative_config`."""
     vllm = require_vllm("a vLLM baseline")
     # eager: CUDA-graph capture costs more start-up time than a short check gains
+    # disable_log_stats=False: without the stat loggers get_metrics() has no spec_decode counters (τ)
     kwargs: dict = {"model": model, "dtype": dtype, "seed": 0, "enforce_eager": True,
-                    "gpu_memory_utilization": gpu_memory_utilization}
+                    "gpu_memory_utilization": gpu_memory_utilization, "disable_log_stats": False}
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
     if speculative_config:
@@ -67,17 +72,19 @@ def generate_greedy(model: str, prompts: Sequence[Sequence[int]], max_new_tokens
     batch = [vllm.TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts]
     if batch:
         llm.generate(batch[:1], params, use_tqdm=False)  # warm-up: first-call kernels and allocations
+    run = VllmRun(token_ids=[], seconds=0.0, startup_s=startup, vllm_version=vllm.__version__)
     before = _spec_counters(llm)
-    ids, seconds = [], 0.0
     for prompt in batch:
         t = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0]
-        seconds += time.perf_counter() - t
-        ids.append(list(out.outputs[0].token_ids))
-    after = _spec_counters(llm)
-    return VllmRun(token_ids=ids, seconds=seconds, startup_s=startup, vllm_version=vllm.__version__,
-                   drafts=after["num_drafts"] - before["num_drafts"],
-                   accepted=after["num_accepted_tokens"] - before["num_accepted_tokens"])
+        run.prompt_seconds.append(time.perf_counter() - t)
+        after = _spec_counters(llm)
+        run.prompt_drafts.append(after["num_drafts"] - before["num_drafts"])
+        run.prompt_accepted.append(after["num_accepted_tokens"] - before["num_accepted_tokens"])
+        run.token_ids.append(list(out.outputs[0].token_ids))
+        before = after
+    run.seconds, run.drafts, run.accepted = sum(run.prompt_seconds), sum(run.prompt_drafts), sum(run.prompt_accepted)
+    return run
 
 
 def _spec_counters(llm) -> dict[str, int]:
