@@ -285,6 +285,7 @@ def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target
     (["--algorithms", "beam"], ["unknown tree algorithm"]),
     (["--temperatures", "-1"], ["temperature"]),
     (["--baselines", "maybe"], ["true/false"]),
+    (["--head", "random", "--vllm"], ["needs vLLM", "pip install"]),   # GPU-only rows, refused up front on CPU
     (["--prompts", "x"], ["--prompts"]),
     (["--no-such-option"], ["--no-such-option"]),
     (["--head", "random-bidirectional"], ["pass it as --bidirectional-head"]),

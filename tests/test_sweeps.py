@@ -78,14 +78,15 @@ def test_the_best_budget_per_concurrency_falls_back_to_plain_where_no_budget_bea
 
 
 def test_trial_metrics_average_the_speculative_rows_over_sets():
-    row = dict(method="causal", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
+    row = dict(method="causal", dataset="mtbench", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
                throughput={"4": 30.0}, speedup_at={"4": 0.9},
                lossless=True)
-    report = {"rows": [row, {**row, "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
+    report = {"rows": [row, {**row, "dataset": "humaneval", "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
                        {"method": "ar", "tokens_per_s": 8.0}]}
     m = trial_metrics(report)
     assert (m["tau"], m["speedup"], m["tokens_per_s"], m["ar_tokens_per_s"], m["lossless"]) == (2.5, 1.0, 10.0, 8.0, 0.0)
     assert (m["speedup_c4"], m["tokens_per_s_c4"]) == (0.9, 30.0)
+    assert (m["tau@mtbench"], m["tau@humaneval"], m["speedup_c4@humaneval"]) == (2.0, 3.0, 0.9)
 
 
 # --------------------------------------------------------------------------- real Ray Tune + MLflow
@@ -143,6 +144,8 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
         table = {int(k): v for k, v in json.loads(tags["jetflow.budget_by_concurrency"]).items()}
         assert set(table) == {1, 2} and table == out.budget_table and all(b >= 1 for b in table.values())
         assert all(f"speedup_c{c}" in r for r in out.rows for c in (1, 2))
+        plots = {a.path for a in client().list_artifacts(out.parent_run_id, "plots")}
+        assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png", "plots/speedup_vs_concurrency.png"} <= plots
         assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])
 
         # rerun with the same name: Tune restores the finished experiment, no trial runs again
@@ -261,3 +264,21 @@ def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_
     assert str(client().get_registered_model(name).aliases[CHALLENGER]) == out.challenger == out.finalists[0]["version"]
     assert Path(out.finalists[0]["head_dir"]).parent == tmp_path / "heads"
     assert (Path(out.finalists[0]["head_dir"]) / "model.safetensors").exists()
+
+
+def test_the_sweeps_picture_rows_carry_each_set_and_concurrency_with_the_cost_models_prediction():
+    from jetflow.engine.cost import StepCostCurve
+    from jetflow.sweeps.budget import set_rows
+    from jetflow.tracking.plots import budget_sweep_figures
+
+    tree = TreeSpec("accum_logp", 4).to_dict()
+    rows = [{"tree": tree, "temperature": 0.0, "tau@mtbench": 2.0, "speedup_c1@mtbench": 1.2, "speedup_c4@mtbench": 0.8,
+             "tau@humaneval": 3.0, "speedup_c1@humaneval": 1.5, "speedup_c4@humaneval": 1.1}]
+    curve = StepCostCurve("test", 100, (1, 4), (1, 4), ((10.0, 15.0), (20.0, 40.0)))
+    out = set_rows(rows, curve)
+    assert sorted((r["dataset"], r["concurrency"], r["speedup"]) for r in out) == [
+        ("humaneval", 1, 1.5), ("humaneval", 4, 1.1), ("mtbench", 1, 1.2), ("mtbench", 4, 0.8)]
+    assert next(r for r in out if (r["dataset"], r["concurrency"]) == ("mtbench", 4))["predicted_speedup"] == \
+        pytest.approx(2.0 * 20 / 40)
+    figures = budget_sweep_figures(out)
+    assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png", "plots/speedup_vs_concurrency.png"} <= set(figures)

@@ -69,7 +69,7 @@ def per_rank_acceptance(accepted_ranks: Mapping[tuple[int, int], int], rounds: i
 # Our decoder with a head, by the head's attention inside the block; the others are baselines measured on
 # the same prompts. A row's method is one or the other: nothing else decides what is "the head's".
 HEAD_METHODS = ("causal", "bidirectional")
-BASELINE_METHODS = ("ar", "hf_generate", "hf_prompt_lookup")
+BASELINE_METHODS = ("ar", "hf_generate", "hf_prompt_lookup", "vllm_ar", "vllm_dflash")
 _METRIC_KEY = re.compile(
     r"^(?P<kind>[^/]+)/(?P<dataset>.+)/(?P<method>[^/]+)/(?:(?P<tree>[^/]+)-)?t(?P<temp>\d+(?:\.\d+)?)$")
 

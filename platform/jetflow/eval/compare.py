@@ -76,6 +76,9 @@ class EvalConfig:
     seed: int = 0                            # sampling seed (prompt i uses seed + i) and random-head init
     cost_model: bool = True                  # measure t(N) here and predict each row's speedup
     context_tokens: int = 200                # cached tokens behind the timed verify forwards
+    vllm: bool = False                       # also vLLM's own AR rows on the timed prompts (GPU + the [vllm]
+                                             # extra), and its DFlash chain with vllm_head
+    vllm_head: str = ""                      # a head exported by `jetflow export --to vllm` for the DFlash row
     curve_repeats: int = 5                   # timed repetitions per tree size (median)
 
     def __post_init__(self) -> None:
@@ -321,7 +324,24 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
                     for (d, r), f in metrics.per_rank_acceptance(stats.accepted_ranks, stats.rounds).items()}
     if lossless_all:
         report["metrics"]["lossless"] = float(all(lossless_all))
+    if cfg.vllm:
+        _add_vllm_rows(report, target, {ds: ps[: max(1, cfg.timed_prompts)] for ds, ps in prompts.items()}, cfg)
     return report
+
+
+def _add_vllm_rows(report: dict, target, prompts: dict, cfg: EvalConfig) -> None:
+    """vLLM's AR (and DFlash chain) rows beside ours (`jetflow.vllm.baseline`): vLLM times generate() whole,
+    so its tokens/s compare among its own rows."""
+    from jetflow.decode import stop_token_ids
+    from jetflow.vllm.baseline import vllm_rows
+
+    rows = vllm_rows(target.model_id, prompts, sorted(stop_token_ids(target)), cfg.max_new_tokens,
+                     exported_head=cfg.vllm_head or None)
+    for row in rows:
+        report["rows"].append(row)
+        for name in ("tau", "tokens_per_s", "speedup_vs_vllm_ar"):
+            if _finite(row.get(name)):
+                report["metrics"][metric_key(name, row["dataset"], row["method"], None, 0.0)] = float(row[name])
 
 
 def _configs(s: Setting, n: int, cfg: EvalConfig) -> list[DecodeConfig]:

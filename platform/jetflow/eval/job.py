@@ -40,6 +40,10 @@ def run_evaluation_job(job: EvaluateJob) -> int:
     from jetflow.target.placement import placement
 
     cfg = job.eval
+    if cfg.vllm:  # GPU only: say so before loading anything
+        from jetflow.vllm import require_vllm
+
+        require_vllm("the vLLM rows of an evaluation (--vllm)")
     refs = [HeadRef.parse(spec) for spec in (job.head, job.bidirectional_head) if spec]
     # A missing head, or a head in the wrong slot, fails before the target loads.
     if job.head and not HeadRef.parse(job.head).is_causal():

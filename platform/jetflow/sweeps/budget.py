@@ -137,6 +137,29 @@ def trial_metrics(report: dict) -> dict[str, float]:
         flat = [{"speedup": r["speedup_at"][c], "tps": r["throughput"][c]} for r in rows if c in (r.get("speedup_at") or {})]
         out[f"speedup_c{c}"] = mean("speedup", flat)
         out[f"tokens_per_s_c{c}"] = mean("tps", flat)
+    for r in rows:  # per prompt set, for the sweep's picture (`set_rows`)
+        out[f"tau@{r['dataset']}"] = r["tau"]
+        for c, value in (r.get("speedup_at") or {}).items():
+            out[f"speedup_c{c}@{r['dataset']}"] = value
+    return out
+
+
+def set_rows(rows: list[dict], curve=None) -> list[dict]:
+    """One row per trial, prompt set and concurrency level — what `jetflow.tracking.plots.budget_sweep_figures`
+    draws: τ, the speedup over plain decoding at that many requests in flight (the engine's), and the step
+    cost model's prediction for it (`jetflow.engine.cost.StepCostCurve`) when a curve is given."""
+    out = []
+    for r in rows:
+        spec = TreeSpec.from_dict(r["tree"])
+        for key, value in r.items():
+            if not key.startswith("speedup_c") or "@" not in key:
+                continue
+            level, dataset = key.removeprefix("speedup_c").split("@", 1)
+            tau = r.get(f"tau@{dataset}", math.nan)
+            predicted = curve.speedup(int(level), spec.budget, tau) if curve is not None and math.isfinite(tau) else None
+            out.append({"tree": r["tree"], "algorithm": spec.algorithm, "budget": spec.budget, "width": spec.width,
+                        "temperature": r["temperature"], "dataset": dataset, "concurrency": int(level), "tau": tau,
+                        "speedup": value, "predicted_speedup": predicted})
     return out
 
 
@@ -191,6 +214,21 @@ def _block_size(head_path: str) -> int | None:
         return None
 
 
+def _step_curve(cfg: BudgetSweepConfig, head: SweptHead):
+    """This machine's step cost curve for the head (measured once, cached): the picture's predictions."""
+    from jetflow.engine.cost import cached_step_curve
+    from jetflow.head import HeadRef
+    from jetflow.target import TargetModel
+
+    try:
+        target = TargetModel.load(cfg.target)
+        return cached_step_curve(target, HeadRef.parse(head.path).load(target).head, max_slots=max(cfg.concurrency),
+                                 max_budget=max(cfg.budgets))
+    except Exception as exc:  # noqa: BLE001 - a picture without predictions beats no sweep result
+        print(f"[budget sweep] no cost curve for the predictions ({exc.__class__.__name__}: {exc})")
+        return None
+
+
 def _parent_run(cfg: BudgetSweepConfig, exp_dir: Path, head: SweptHead) -> str:
     """The sweep's MLflow parent run; reused when the sweep resumes (its id lives beside Tune's state)."""
     from jetflow.tracking.store import client, experiment_for
@@ -227,11 +265,17 @@ def _same_kind(row: dict, best: dict) -> bool:
     return (a.algorithm, a.width, a.params) == (b.algorithm, b.width, b.params) and row["temperature"] == 0
 
 
+def _levels(rows: list[dict]) -> list[int]:
+    """The concurrency levels the trials measured (their mean `speedup_c<N>` metrics)."""
+    return sorted({int(k.removeprefix("speedup_c")) for r in rows for k in r
+                   if k.startswith("speedup_c") and "@" not in k})
+
+
 def budget_by_concurrency(rows: list[dict], best: dict) -> dict[int, int]:
     """Per concurrency level the sweep measured: the budget of the best setting's kind with the highest
     tokens/s over plain decoding at that level — or 1 (plain decoding) when no budget beats plain there."""
     kind = [r for r in rows if _same_kind(r, best) and r.get("lossless") != 0.0]
-    levels = sorted({int(k.removeprefix("speedup_c")) for r in kind for k in r if k.startswith("speedup_c")})
+    levels = _levels(kind)
     table = {}
     for level in levels:
         scored = [(r[f"speedup_c{level}"], r["budget"]) for r in kind if math.isfinite(r.get(f"speedup_c{level}", math.nan))]
@@ -248,7 +292,7 @@ def tau_by_budget(rows: list[dict], best: dict) -> dict[int, float]:
 def summary_table(rows: list[dict], best: dict | None) -> str:
     from jetflow.eval.table import markdown_table
 
-    levels = sorted({int(k.removeprefix("speedup_c")) for r in rows for k in r if k.startswith("speedup_c")})
+    levels = _levels(rows)
     cols = ["algorithm", "budget", "width", "temperature", "tau", "speedup", "tokens_per_s", "ar_tokens_per_s",
             "lossless"] + [(f"×plain @{c}", f"speedup_c{c}", "{:.2f}x") for c in levels]
     ordered = sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))
@@ -261,6 +305,8 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
 
     from jetflow.sweeps.cluster import init_ray
     from jetflow.tracking import tracking_uri
+    from jetflow.tracking.plots import budget_sweep_figures
+    from jetflow.tracking.runs import log_figures
     from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
@@ -292,12 +338,13 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
                      "width": spec.width, "temperature": setting["temperature"],
                      **{k: res.metrics[k] for k in ("tau", "speedup", "e2e_speedup", "tokens_per_s",
                                                     "ar_tokens_per_s", "lossless", "mlflow_run_id")},
-                     **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c"))}})
+                     **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c", "tau@"))}})
     failed = sum(1 for res in grid if res.error is not None)
     best = pick_best(rows, cfg.select)
     table = budget_by_concurrency(rows, best) if best is not None else {}
     c = client()
     c.log_text(parent, summary_table(rows, best), "sweep_table.md")
+    log_figures(parent, budget_sweep_figures(set_rows(rows, _step_curve(cfg, head))))
     if best is not None:
         for k in ("tau", "speedup", "tokens_per_s"):
             c.log_metric(parent, f"best_{k}", float(best[k]))

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from jetflow.data.features import FeatureCache, FeatureSpec, OnlineFeatures, build_features
+from jetflow.data.features import FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, RegenConfig, regenerate
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir
@@ -155,9 +155,9 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
 
         train_on_ray(tcfg, model, data, out, num_workers=workers)
     else:
-        from jetflow.train.trainer import train
+        from jetflow.tracking.live import train_in_process
 
-        train(tcfg, target, data if features == "online" else FeatureCache(data), out)
+        train_in_process(tcfg, target, data, out)  # tracked live, like train_on_ray
     timings["train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     from jetflow.eval import measure_acceptance
