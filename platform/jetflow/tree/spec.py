@@ -24,7 +24,9 @@ DEFAULT_ALGORITHM = "accum_logp"
 DEFAULT_BUDGET = 8           # on 2 CPU cores budgets 4-8 are fastest (BENCHMARKS.md); GPUs take far more
 DEFAULT_WIDTH = 7            # the paper's W
 
-_KEY = re.compile(r"^(?P<algorithm>[A-Za-z0-9_]+)(?P<params>(?:\.[A-Za-z_]+[-0-9.e]+)*)-b(?P<budget>\d+)w(?P<width>\d+)$")
+_NUMBER = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"  # a parameter value in a key: repr() of a float, without "e+"
+_PARAM = re.compile(rf"\.([A-Za-z_]+)({_NUMBER})")
+_KEY = re.compile(rf"^(?P<algorithm>[A-Za-z0-9_]+)(?P<params>(?:\.[A-Za-z_]+{_NUMBER})*)-b(?P<budget>\d+)w(?P<width>\d+)$")
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int, what: str) -> int:
@@ -80,6 +82,7 @@ class TreeSpec:
         for k, v in given.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise InvalidSettingError(f"tree parameter {k} must be a finite number, got {v!r}")
+        algo.check_params({**algo.params, **{k: float(v) for k, v in given.items()}})
         params = tuple(sorted((k, float(v)) for k, v in given.items() if v != algo.params[k]))
         object.__setattr__(self, "params", params)
         if algo.chain:
@@ -109,7 +112,8 @@ class TreeSpec:
     @property
     def key(self) -> str:
         """Stable name of the setting: `accum_logp-b32w7`, `chain-b8w1`, `top2gap.margin1.5-b32w7`."""
-        params = "".join(f".{k}{v!r}" for k, v in self.params)  # repr: the shortest exact float text
+        # repr: the shortest exact float text; "e+" dropped, as MLflow metric keys allow no "+"
+        params = "".join(f".{k}{v!r}".replace("e+", "e") for k, v in self.params)
         return f"{self.algorithm}{params}-b{self.budget}w{self.width}"
 
     def label(self) -> str:
@@ -160,7 +164,7 @@ class TreeSpec:
         m = _KEY.match(key)
         if m is None:
             raise InvalidSettingError(f"not a tree setting key: {key!r} (expected e.g. accum_logp-b32w7)")
-        params = dict((p[0], _number(p[1])) for p in re.findall(r"\.([A-Za-z_]+)([-0-9.e]+)", m["params"]))
+        params = dict((p[0], _number(p[1])) for p in _PARAM.findall(m["params"]))
         return cls(m["algorithm"], int(m["budget"]), int(m["width"]), params)
 
 
