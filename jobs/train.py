@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = build_config(TrainJob, args)
         out = run_pipeline(job.preset, name=args.name, model=job.model, use_ray=job.ray, workers=job.workers,
-                           features=job.features, train_overrides=overrides(args, TrainConfig, skip=("name",)))
+                           features=job.features, device=job.device, dtype=job.dtype,
+                           train_overrides=overrides(args, TrainConfig, skip=("name",)))
         from jetflow.tracking import log_training_run
 
         run_id = log_training_run(out)  # completes the live run (or logs one, for a training in this process)

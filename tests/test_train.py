@@ -212,6 +212,42 @@ def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features,
         assert torch.equal(w_cache[k], w_online[k]), k
 
 
+def test_a_bf16_target_taps_its_own_cache_and_trains_an_fp32_head(tiny, tmp_path):
+    """The GPU recipe on a CPU: the frozen target in bf16, the head's master weights in fp32."""
+    bf16 = type(tiny)(_bf16_copy(tiny), None, "tiny-qwen3", "random")
+    regen = _write_regen(tmp_path / "regen", tiny, n=6, new_tokens=24)
+    spec = FeatureSpec(layer_ids=(1, 2, 3), max_len=64, teacher_topk=4, shard_sequences=3)
+    fp32_cache = build_features(regen, tiny, spec, progress=False)
+    bf16_cache = build_features(regen, bf16, spec, progress=False)
+    assert fp32_cache != bf16_cache  # other numbers, another content key
+    cfg = TrainConfig(name="b", num_hidden_layers=1, block_size=6, max_steps=3, anchors_per_seq=4, seqs_per_step=2,
+                      lr=1e-3, eval_sequences=2, checkpoint_every=10)
+    metrics = train(cfg, bf16, FeatureCache(bf16_cache), tmp_path / "head", progress=False)
+    assert torch.isfinite(torch.tensor(metrics["train/loss"])) and metrics["eval/chain_tau"] >= 1.0
+    head = load_head(tmp_path / "head")
+    assert {p.dtype for p in head.parameters()} == {torch.float32}
+    logits = head.output_logits(bf16, torch.zeros(2, head.config.hidden_size))  # hidden cast to the LM head's
+    assert logits.dtype == torch.bfloat16
+
+
+def _bf16_copy(target):
+    import copy
+
+    return copy.deepcopy(target.model).to(torch.bfloat16)
+
+
+def test_regeneration_in_another_dtype_gets_its_own_folder():
+    from jetflow.data.regenerate import RegenConfig
+    from jetflow.errors import InvalidSettingError
+
+    plain = RegenConfig(device="cpu")
+    assert RegenConfig(device="cpu", dtype="fp32").key("r") == plain.key("r")
+    assert RegenConfig(device="cpu", dtype="bf16").key("r") != plain.key("r")
+    assert RegenConfig(device="cuda").target_dtype() == "bf16"  # the GPU default, named without a GPU
+    with pytest.raises(InvalidSettingError, match="dtype must be one of"):
+        RegenConfig(dtype="int8")
+
+
 def test_unknown_training_options_are_rejected():
     from jetflow.errors import InvalidSettingError
 

@@ -64,6 +64,7 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
     for r, p in enumerate(prompts):
         ids[r, width - len(p):] = torch.tensor(p)
         attn[r, width - len(p):] = 1
+    ids, attn = ids.to(target.device), attn.to(target.device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     cache = buffered_cache(target.config.num_hidden_layers)
     body = target.model.model
@@ -71,13 +72,13 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
     out = body(input_ids=ids, attention_mask=attn, position_ids=positions, **step_cache, use_cache=True)
     last = out.last_hidden_state[:, -1]
     results: list[list[int]] = [[] for _ in prompts]
-    live = torch.arange(b)                 # original row of each batch row
+    live = torch.arange(b, device=target.device)  # original row of each batch row
     pos = positions[:, -1]
     for _ in range(max_new_tokens):
         logits = target.logits(last)
         if temperature > 0:
-            probs = torch.softmax(logits.float() / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()  # the seeded CPU generator's draw
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0].to(target.device)
         else:
             nxt = logits.argmax(-1)
         keep = []
@@ -88,7 +89,7 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, stop_i
         if not keep:
             break
         if len(keep) < live.shape[0]:
-            k = torch.tensor(keep)
+            k = torch.tensor(keep, device=target.device)
             cache.batch_select_indices(k)
             live, nxt, pos, attn = live[k], nxt[k], pos[k], attn[k]
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)

@@ -50,11 +50,14 @@ class FeatureSpec:
 
 
 def feature_key(target, spec: FeatureSpec, data_manifest: dict) -> str:
-    blob = json.dumps({
+    content = {
         "target": target.model_id, "revision": target.revision, "layers": list(spec.layer_ids),
         "template": data_manifest.get("chat_template_sha256"), "max_len": spec.max_len,
         "topk": spec.teacher_topk, "data": data_manifest["content_sha256"],
-    }, sort_keys=True)
+    }
+    if target.dtype != torch.float32:  # a bf16/fp16 target taps other numbers: its own cache (fp32 keeps its key)
+        content["dtype"] = str(target.dtype).removeprefix("torch.")
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -64,14 +67,16 @@ def sequence_features(target, ids: list[int], layer_ids, topk: int, teacher_from
     before `teacher_from` (the prompt, which no block drafts) are left zero: the LM head is the
     expensive part."""
     cache = target.new_cache()
-    out = target.forward(torch.tensor(ids), torch.arange(len(ids)), cache, None, tuple(layer_ids))
+    dev = target.device
+    out = target.forward(torch.tensor(ids, device=dev), torch.arange(len(ids), device=dev), cache, None,
+                         tuple(layer_ids))
     s = len(ids)
     t_ids = torch.zeros((s, topk), dtype=torch.int32)
     t_logp = torch.zeros((s, topk), dtype=torch.float32)
     logp = torch.log_softmax(target.logits(out.hidden[teacher_from:]).float(), dim=-1)
     top = logp.topk(topk, dim=-1)
-    t_ids[teacher_from:], t_logp[teacher_from:] = top.indices.to(torch.int32), top.values
-    return out.features, t_ids, t_logp
+    t_ids[teacher_from:], t_logp[teacher_from:] = top.indices.to(torch.int32).cpu(), top.values.cpu()
+    return out.features.cpu(), t_ids, t_logp  # stored on the CPU, whatever device computed them
 
 
 def _usable(row: dict, spec: FeatureSpec) -> bool:

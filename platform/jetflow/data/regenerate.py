@@ -43,6 +43,8 @@ class RegenConfig:
     workers: int = 1                  # >1: shards spread over this many Ray actors
     backend: str = "hf"               # "hf" (our batched greedy/sampling loop on the transformers model) or
                                       # "vllm" (needs the [vllm] extra)
+    device: str | None = None         # cpu, cuda, cuda:N (default: cuda when a GPU is visible); one GPU per worker
+    dtype: str | None = None          # fp32, bf16, fp16 (default: bf16 on a GPU, fp32 on a CPU)
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_prompt_tokens", "max_new_tokens", "batch_size", "shard_size", "workers"):
@@ -50,6 +52,7 @@ class RegenConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise InvalidSettingError(f"temperature must be >= 0, got {self.temperature}")
+        self.target_dtype()  # a clear error for an unknown dtype
         if self.backend not in BACKENDS:
             raise InvalidSettingError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm" and self.workers > 1:
@@ -59,13 +62,42 @@ class RegenConfig:
     def key(self, revision: str) -> str:
         """Content key of the output: what it depends on (not workers/batching). The HF backend keeps the
         key it always had; another backend's (numerically different) output gets a folder of its own."""
-        drop = ("workers", "batch_size") + (("backend",) if self.backend == "hf" else ())
+        drop = ("workers", "batch_size", "device", "dtype") + (("backend",) if self.backend == "hf" else ())
         settings = {k: v for k, v in asdict(self).items() if k not in drop}
+        if (dtype := self.target_dtype()) != "fp32":  # other numbers, another folder; fp32 keeps the old key
+            settings["dtype"] = dtype
         content = {"settings": settings, "revision": revision}
         if versions := self.prompt_set_versions():
             content["prompt_set_versions"] = versions
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def target_dtype(self) -> str:
+        """The dtype name the target is answered in (the default resolved for this machine; no check that the
+        device exists, so a manifest written on a GPU still names its folder anywhere)."""
+        from jetflow.target.placement import DTYPES
+
+        if self.dtype is not None:
+            if self.dtype not in DTYPES:
+                raise InvalidSettingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            return self.dtype
+        import torch
+
+        gpu = self.device.startswith("cuda") if self.device else torch.cuda.is_available()
+        return "bf16" if gpu else "fp32"
+
+    def load_target(self):
+        """The target on this config's device, in its dtype."""
+        from jetflow.target import TargetModel
+        from jetflow.target.placement import placement
+
+        device, dtype = placement(self.device, self.dtype)
+        return TargetModel.load(self.model, device=device, dtype=dtype)
+
+    def on_gpu(self) -> bool:
+        from jetflow.target.placement import placement
+
+        return placement(self.device, self.dtype)[0].type == "cuda"
 
     def prompt_set_versions(self) -> dict[str, str]:
         """The content versions of the sets whose content no package pin fixes (e.g. pycode: the
@@ -108,9 +140,7 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
 
     from jetflow.data.batchgen import generate_batch
     from jetflow.decode.prompt import stop_token_ids
-    from jetflow.target import TargetModel
-
-    target = target or TargetModel.load(cfg.model)
+    target = target or cfg.load_target()
     tok = target.tokenizer
     rows = {name: [] for name in SCHEMA.names}
     encoded, skipped = encode_shard(items, tok, cfg.max_prompt_tokens)
@@ -135,12 +165,11 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
 
 
 class _ShardWorker:
-    """A Ray actor holding one target copy (loaded once, not once per shard); one CPU each."""
+    """A Ray actor holding one target copy (loaded once, not once per shard); one CPU (and one GPU when the
+    config's device is one) each."""
 
     def __init__(self, cfg: RegenConfig):
-        from jetflow.target import TargetModel
-
-        self.cfg, self.target = cfg, TargetModel.load(cfg.model)
+        self.cfg, self.target = cfg, cfg.load_target()
 
     def ready(self) -> bool:
         """Answers once the actor is placed and its target loaded."""
@@ -182,7 +211,7 @@ def _on_ray_actors(cfg: RegenConfig, jobs: list[tuple[list[PromptItem], Path]]):
     More workers than Ray has CPUs: the extra actors wait for CPUs while the started ones do all the shards."""
     import ray
 
-    actor = ray.remote(num_cpus=1)(_ShardWorker)
+    actor = ray.remote(num_cpus=1, num_gpus=1 if cfg.on_gpu() else 0)(_ShardWorker)
     n = min(cfg.workers, len(jobs))
     actors = [actor.remote(cfg) for _ in range(n)]  # starts a local Ray if none is running
     cpus = int(ray.cluster_resources().get("CPU", 0))
@@ -196,13 +225,11 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
                max_shards: int | None = None) -> Path:
     """Run (or resume) regeneration; returns the output folder holding shards + manifest.json.
     `max_shards` stops after that many new shards (time-boxing; a rerun continues)."""
-    from jetflow.target import TargetModel
-
     if cfg.backend == "vllm":
         from jetflow.vllm import require_vllm
 
         require_vllm("regeneration with backend='vllm'")  # before minutes of target loading, not after
-    target = TargetModel.load(cfg.model)
+    target = cfg.load_target()
     out = out or default_output_dir(cfg, target.revision)
     out.mkdir(parents=True, exist_ok=True)
     items = select_prompts(cfg)
@@ -240,7 +267,7 @@ def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds
         "target_model_id": target.model_id,
         "target_revision": target.revision,
         "chat_template_sha256": hashlib.sha256((target.tokenizer.chat_template or "").encode()).hexdigest()[:16],
-        "settings": asdict(cfg),
+        "settings": {**asdict(cfg), "dtype": cfg.target_dtype()},  # resolved: the key reads the same anywhere
         "shards": num_shards,
         "sequences": prompts,
         "response_tokens": tokens,

@@ -10,6 +10,13 @@ reused. The reference `Decoder` (one sequence at a time) is what every request's
 
 Slots: running requests occupy slots [0, R), requests being prefilled [R, R + P), so every forward reads
 contiguous rows of the slot KV (views, no copies).
+
+Host syncs per decode step on a GPU (greedy; counted in this file): the draft's top-k comes to the host once
+(`_draft`: values and ids, 2 `.tolist()`), because the tree is built there; each round of the acceptance
+walk's LM-head work brings its argmaxes (`_accept`: 1 `.tolist()` per round, rounds ≈ accepted depth ÷ the
+row's lookahead, usually 1-2); nothing else reads a device value. The per-row inputs (positions, tree
+tokens, masks, accepted paths) go host → device as a handful of small copies per step (built in numpy, one
+copy each). A sampled row adds one `multinomial` draw per walked node.
 """
 
 from __future__ import annotations

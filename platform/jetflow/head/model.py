@@ -263,10 +263,12 @@ class DraftHead(nn.Module):
 
     def output_logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) final-normed hidden → (..., V') logits through the target's frozen LM head, V' = the
-        draft vocabulary (index i is target id `draft_vocab[i]`) or the full vocabulary."""
+        draft vocabulary (index i is target id `draft_vocab[i]`) or the full vocabulary. The hidden states are
+        cast to the LM head's dtype (a head training in fp32 over a bf16 target); the logits come in that dtype."""
+        weight = target.lm_head_weight
+        hidden = hidden.to(weight.dtype)
         if not self.config.draft_vocab_size:
             return target.logits(hidden)
-        weight = target.lm_head_weight
         key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version)
         if self._lm_cache is None or self._lm_cache[0] != key:
             self._lm_cache = (key, weight.detach()[self.draft_vocab].contiguous())

@@ -67,6 +67,7 @@ class ArchSweepConfig:
     max_concurrent: int = 2              # trials at once
     workers_per_trial: int = 1           # Ray Train workers per trial
     use_gpu: bool = False                # a GPU per Ray Train worker
+    dtype: str | None = None             # the frozen target's: fp32, bf16, fp16 (default bf16 on a GPU, fp32 on CPU)
 
     def __post_init__(self) -> None:
         self.space = self.search.space()
@@ -104,12 +105,12 @@ def prepare_features(cfg: ArchSweepConfig) -> dict[int, str]:
     (every trial with that count reads the same cache). {num_taps: folder}."""
     from jetflow.data.features import FeatureSpec, build_features
     from jetflow.data.regenerate import RegenConfig, regenerate
-    from jetflow.target import TargetModel
     from jetflow.train.pipeline import PRESETS
 
     preset = PRESETS[cfg.preset]
-    regen_dir = regenerate(RegenConfig(**{**asdict(preset.regen), "model": cfg.target}))
-    target = TargetModel.load(cfg.target)
+    regen = RegenConfig(**{**asdict(preset.regen), "model": cfg.target, "dtype": cfg.dtype})
+    regen_dir = regenerate(regen)
+    target = regen.load_target()
     taps = cfg.space.get("num_taps", [preset.train.num_taps])
     return {k: str(build_features(regen_dir, target, FeatureSpec.for_target(target, k, preset.features_max_len)))
             for k in sorted(set(taps))}
@@ -127,7 +128,7 @@ def arch_trial(config: dict) -> None:
     tcfg = TrainConfig(**{**shared["train"], **sampled, "name": f"{shared['name']}-{trial_id}"})
     os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, whatever this worker inherited
     train_on_ray(tcfg, shared["target"], Path(shared["features"][str(tcfg.num_taps)]),
-                 Path(shared["heads"]) / tcfg.name, num_workers=shared["workers"], use_gpu=shared["use_gpu"],
+                 Path(shared["heads"]) / tcfg.name, num_workers=shared["workers"], use_gpu=shared["use_gpu"], dtype=shared.get("dtype"),
                  storage=Path(shared["storage"]), callbacks=[TuneReportCallback()], run_name=f"train-{tcfg.name}",
                  evals_only=True, cpus_per_worker=1 - DRIVER_CPU, parent_run_id=shared["parent_run_id"],
                  mlflow_run_name=f"arch {tcfg.name}", progress_s=None)
@@ -171,7 +172,7 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
     base = cfg.base_train({})
     shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
               "features": {str(k): v for k, v in features.items()}, "heads": str(heads_dir()), "name": cfg.name,
-              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "storage": str(cfg.storage_path),
+              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "dtype": cfg.dtype, "storage": str(cfg.storage_path),
               "parent_run_id": parent, "tracking_uri": tracking_uri()}
     # the trial's driver holds almost nothing (Tune refuses zero); its Ray Train workers ask for the rest
     trainable = tune.with_resources(arch_trial, {"cpu": DRIVER_CPU})

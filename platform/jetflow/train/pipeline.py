@@ -112,6 +112,10 @@ class TrainJob:
     ray: bool = True                     # train under Ray Train (false: in this process)
     features: str = "cache"              # cache: tapped features stored once under $JETFLOW_HOME/features (shared
                                          # by sweep trials); online: computed each epoch (no feature disk)
+    device: str | None = None            # cpu, cuda, cuda:N for datagen, features and training (default: cuda when
+                                         # a GPU is visible; Ray Train then gives each worker a GPU, DDP over NCCL)
+    dtype: str | None = None             # the frozen target's: fp32, bf16, fp16 (default bf16 on a GPU, fp32 on a
+                                         # CPU); the head trains in fp32 either way
 
 
 @dataclass
@@ -125,24 +129,29 @@ class DatagenJob:
 
 def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135m", use_ray: bool = True,
                  workers: int = 1, train_overrides: dict | None = None, regen_overrides: dict | None = None,
-                 features: str = "cache") -> Path:
+                 features: str = "cache", device: str | None = None, dtype: str | None = None) -> Path:
     """Returns the head folder ($JETFLOW_HOME/heads/<name>) with weights, provenance and metrics.
-    `features="online"` computes the tapped features during training instead of caching them."""
+    `features="online"` computes the tapped features during training instead of caching them. `device` and
+    `dtype` place the target for every stage (`jetflow.target.placement`; the regeneration options'
+    device/dtype, when given, win for datagen)."""
     if preset not in PRESETS:
         raise InvalidSettingError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     if features not in ("cache", "online"):
         raise InvalidSettingError(f"features must be 'cache' or 'online', got {features!r}")
     from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
 
     p = PRESETS[preset]
-    regen_cfg = RegenConfig(**{**asdict(p.regen), "model": model, **(regen_overrides or {})})
+    regen_cfg = RegenConfig(**{**asdict(p.regen), "model": model, "device": device, "dtype": dtype,
+                               **(regen_overrides or {})})
+    on, torch_dtype = placement(device, dtype)
     tcfg = TrainConfig.from_overrides(p.train, {"name": name or preset, **(train_overrides or {})})
     timings = {}
     t0 = time.perf_counter()
     regen_dir = regenerate(regen_cfg)
     timings["datagen_s"] = time.perf_counter() - t0
 
-    target = TargetModel.load(model)
+    target = TargetModel.load(model, device=on, dtype=torch_dtype)
     spec = FeatureSpec.for_target(target, tcfg.num_taps, p.features_max_len)
     t0 = time.perf_counter()
     data = OnlineFeatures(regen_dir, target, spec) if features == "online" else build_features(regen_dir, target, spec)
@@ -153,7 +162,7 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     if use_ray:
         from jetflow.train.ray_train import train_on_ray
 
-        train_on_ray(tcfg, model, data, out, num_workers=workers)
+        train_on_ray(tcfg, model, data, out, num_workers=workers, use_gpu=on.type == "cuda", dtype=dtype)
     else:
         from jetflow.tracking.live import train_in_process
 
@@ -163,7 +172,7 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     from jetflow.eval import measure_acceptance
     from jetflow.head import load_head
 
-    decode_metrics = measure_acceptance(target, load_head(out), prompts_per_set=p.eval_prompts,
+    decode_metrics = measure_acceptance(target, load_head(out, device=on, dtype=torch_dtype), prompts_per_set=p.eval_prompts,
                                         new_tokens=p.eval_new_tokens, trees=(tcfg.eval_tree, TreeSpec("chain")))
     timings["eval_s"] = time.perf_counter() - t0
     metrics = {**json.loads((out / "metrics.json").read_text()), **decode_metrics}

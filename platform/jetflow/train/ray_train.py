@@ -29,7 +29,14 @@ def _loop(config: dict) -> None:
         os.environ["MLFLOW_TRACKING_URI"] = tracked["tracking_uri"]  # the driver's store, whatever we inherited
         step_log = StepLogger(tracked["run_id"], steps=rank == 0, flush_every=config["train"]["checkpoint_every"],
                               node_id=f"rank{rank}" if world > 1 else None)
-    target = TargetModel.load(config["model"])
+    import ray.train.torch
+    import torch
+
+    from jetflow.target.placement import placement
+
+    # a GPU worker's own device (Ray Train set CUDA_VISIBLE_DEVICES and the NCCL process group), else the CPU
+    device = ray.train.torch.get_device() if config.get("use_gpu") else torch.device("cpu")
+    target = TargetModel.load(config["model"], device=device, dtype=placement(device.type, config.get("dtype"))[1])
     online = config.get("online")
     if online:  # features computed on the fly from the regenerated data (no feature cache on disk)
         data = OnlineFeatures(Path(online["regen_dir"]), target, FeatureSpec.from_dict(online["spec"]))
@@ -61,7 +68,7 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
                  storage: Path | None = None, callbacks: list | None = None, run_name: str | None = None,
                  evals_only: bool = False, cpus_per_worker: float | None = None, *, track: bool = True,
                  parent_run_id: str | None = None, mlflow_run_name: str | None = None,
-                 progress_s: float | None = 30.0) -> dict:
+                 progress_s: float | None = 30.0, dtype: str | None = None) -> dict:
     """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
     go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
     `evals_only` so that only reports with held-out metrics are made). `features` is a feature-cache
@@ -71,7 +78,8 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     With `track` the training is a live MLflow run (`jetflow.tracking.live.training_run`: named
     `mlflow_run_name`, default "train <name>", nested under `parent_run_id`), continued when `out` has
     checkpoints to resume, and this process prints a progress line every `progress_s` seconds (None:
-    silent)."""
+    silent). `use_gpu` gives each worker one GPU (gradients averaged over NCCL; gloo on CPUs); `dtype`
+    is the frozen target's (default: bf16 on GPU workers, fp32 on CPU ones), the head trains in fp32."""
     import ray
     from ray.exceptions import RayActorError
     from ray.train import RunConfig, ScalingConfig
@@ -84,7 +92,7 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     if cpus_per_worker is None and not use_gpu:
         cpus_per_worker = default_cpus_per_worker(num_workers)
     loop_config = {"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
-                   "out": str(Path(out).resolve()), "evals_only": evals_only}
+                   "out": str(Path(out).resolve()), "evals_only": evals_only, "use_gpu": use_gpu, "dtype": dtype}
 
     def fit() -> dict:
         trainer = TorchTrainer(

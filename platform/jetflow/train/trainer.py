@@ -65,20 +65,27 @@ def block_forward(head: DraftHead, target, seq: dict, anchors: torch.Tensor, fea
         block = target.embed(ids)[None]
     mask = training_mask(anchors, s, cfg.block_size, cfg.causal)
     copy = copy_inputs(head, target, tokens, anchors.tolist())
-    h = head(ctx, block, torch.arange(s)[None], pos[None], mask, copy)[0]
+    h = head(ctx, block.to(ctx.dtype), torch.arange(s, device=tokens.device)[None], pos[None], mask, copy)[0]
     h = h.view(anchors.shape[0], cfg.block_size, -1)[:, 1:]
-    return head.output_logits(target, h), head.to_draft_index(block_labels(tokens, anchors, cfg.block_size))
+    logits = head.output_logits(target, h).float()  # the loss in fp32 under a bf16/fp16 target
+    return logits, head.to_draft_index(block_labels(tokens, anchors, cfg.block_size))
 
 
 def _teacher(seq: dict, anchors: torch.Tensor, head: DraftHead):
     """The teacher's top-K (ids as indices into the head's output vocabulary, -1 outside; log-probs)."""
-    rows = anchors[:, None] + torch.arange(head.config.block_size - 1)  # teacher row a+k-1 predicts x_{a+k}
+    rows = anchors[:, None] + torch.arange(head.config.block_size - 1, device=anchors.device)  # row a+k-1: x_{a+k}
     return head.to_draft_index(seq["teacher_ids"][rows].long()), seq["teacher_logp"][rows]
 
 
 def _anchors(cfg: TrainConfig, seq: dict, index: int, block_size: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
-    return sample_anchors(seq["response_start"], seq["tokens"].shape[0], block_size, cfg.anchors_per_seq, gen)
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)  # on the CPU: the same anchors anywhere
+    anchors = sample_anchors(seq["response_start"], seq["tokens"].shape[0], block_size, cfg.anchors_per_seq, gen)
+    return anchors.to(seq["tokens"].device)
+
+
+def _on(seq: dict, device) -> dict:
+    """A cached sequence's tensors on the training device (the target's)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in seq.items()}
 
 
 @torch.no_grad()
@@ -86,7 +93,7 @@ def evaluate(head: DraftHead, target, data: FeatureCache, indices: list[int], cf
     head.eval()
     all_logits, all_labels = [], []
     for i in indices:
-        seq = data[i]
+        seq = _on(data[i], target.device)
         anchors = _anchors(cfg, seq, -1 - i, head.config.block_size)
         if anchors.numel():
             logits, labels = block_forward(head, target, seq, anchors)
@@ -123,7 +130,8 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
 
     out = Path(out)
     layer_ids = data.meta["spec"]["layer_ids"]
-    head = build_head(cfg, target, layer_ids)
+    # the head trains in fp32 (its master weights) on the target's device, whatever the target's dtype
+    head = build_head(cfg, target, layer_ids).to(target.device)
     train_idx, eval_idx = split_indices(len(data), cfg.eval_sequences, cfg.seed)
     if cfg.max_sequences:
         train_idx = train_idx[: cfg.max_sequences]  # the held-out split stays the same across data sizes
@@ -138,7 +146,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
     ckpt_root = out / "checkpoints"
     latest = latest_checkpoint(ckpt_root)
     if latest is not None:
-        state = torch.load(latest / STATE, weights_only=False)
+        state = torch.load(latest / STATE, weights_only=False, map_location=target.device)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -158,7 +166,7 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         opt.zero_grad(set_to_none=True)
         loss_sum, blocks = 0.0, 0
         for j in batch:
-            seq = data[train_idx[j]]
+            seq = _on(data[train_idx[j]], target.device)
             anchors = _anchors(cfg, seq, step * cfg.seqs_per_step + j, cfg.block_size)
             if anchors.numel() == 0:
                 continue
