@@ -99,7 +99,7 @@ def test_regen_backend_is_validated_and_leaves_the_hf_content_key_unchanged():
 
     hf = RegenConfig()
     # the key as computed before the backend field existed: HF outputs keep their folders
-    old = {k: v for k, v in asdict(hf).items() if k not in ("workers", "batch_size", "backend")}
+    old = {k: v for k, v in asdict(hf).items() if k not in ("workers", "batch_size", "backend", "device", "dtype")}
     blob = json.dumps({"settings": old, "revision": "r1"}, sort_keys=True)
     assert hf.key("r1") == hashlib.sha256(blob.encode()).hexdigest()[:16]
     assert RegenConfig(backend="vllm").key("r1") != hf.key("r1")  # different engine, different folder
