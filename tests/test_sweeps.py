@@ -144,6 +144,17 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
         table = {int(k): v for k, v in json.loads(tags["jetflow.budget_by_concurrency"]).items()}
         assert set(table) == {1, 2} and table == out.budget_table and all(b >= 1 for b in table.values())
         assert all(f"speedup_c{c}" in r for r in out.rows for c in (1, 2))
+        # the head's per-(depth, rank) acceptance, from the widest greedy accum_logp trial, goes with the
+        # version: a download of it carries tree_profile.json and the loaded head shapes trees from it
+        from jetflow.head import load_head
+        from jetflow.tracking import resolve_head_uri
+        from jetflow.tree import AcceptanceProfile
+
+        profile = AcceptanceProfile.from_dict(json.loads(tags["jetflow.tree_profile"]))
+        assert profile.meta["setting"] == TreeSpec("accum_logp", 3, 2).key  # (a random head: rows may be empty)
+        assert all(0.0 <= x <= 1.0 for row in profile.depth_rank for x in row)
+        loaded = load_head(resolve_head_uri(f"models:/{name}/{version}"))
+        assert loaded.tree_profile is not None and loaded.tree_profile.depth_rank == profile.depth_rank
         plots = {a.path for a in client().list_artifacts(out.parent_run_id, "plots")}
         assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png", "plots/speedup_vs_concurrency.png"} <= plots
         assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])

@@ -471,30 +471,28 @@ def test_the_readme_lists_every_algorithm_under_its_source():
 
 
 class TreeHooks:
-    """The per-request context and the per-round `observe`, wired into the reference decoder the way its
-    owner calls them: build every round with the request's context, observe after every acceptance walk.
-    Also records, per round, whether the tree differed from accum_logp on the same draft."""
+    """Watches the reference decoder's own hooks: records, per round, whether its tree differed from
+    accum_logp on the same draft; with `context` set, each request gets that context (say, an online state
+    fed beforehand) in place of the fresh one the decoder makes (`request_tree_context`)."""
 
     def __init__(self, monkeypatch):
         from jetflow.decode import decoder as module
 
         self.context: TreeContext | None = None
         self.shaped: list[bool] = []
-        real_build, real_walk = module.build_tree, module.walk
+        real_build, real_context = module.build_tree, module.request_tree_context
 
         def build(spec, root, logp, tokens, context=None):
-            tree = real_build(spec, root, logp, tokens, context if context is not None else self.context)
+            tree = real_build(spec, root, logp, tokens, context)
             paper = real_build(TreeSpec("accum_logp", spec.budget, spec.width), root, logp, tokens)
             self.shaped.append((tree.tokens, tree.parents) != (paper.tokens, paper.parents))
             return tree
 
-        def walk_and_observe(tree, next_token):
-            acc = real_walk(tree, next_token)
-            observe(self.context.state if self.context is not None else None, tree, acc)
-            return acc
+        def request_context(*args, **kwargs):
+            return self.context if self.context is not None else real_context(*args, **kwargs)
 
         monkeypatch.setattr(module, "build_tree", build)
-        monkeypatch.setattr(module, "walk", walk_and_observe)
+        monkeypatch.setattr(module, "request_tree_context", request_context)
 
 
 PROFILE = AcceptanceProfile(((0.6, 0.1, 0.03, 0.01), (0.5, 0.05), (0.4, 0.03), (0.3,)),
@@ -525,17 +523,19 @@ def greedy_reference(smollm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_with_its_context_decodes_token_identical_to_greedy(smollm, greedy_reference, monkeypatch,
                                                                             algorithm):
-    """Greedy, fp32, the real bundled SmolLM2: a random head and a noisy oracle (deep, off-spine acceptance,
-    so the online shapers learn something), every round shaped with the context and observed."""
+    """Greedy, fp32, the real bundled SmolLM2: a random head carrying a profile and a noisy oracle (deep,
+    off-spine acceptance, so the online shapers learn something); the decoder makes each request's context
+    itself (the head's profile, the task label, the prompt's text, a fresh online state) and observes every
+    round."""
     from jetflow.decode import DecodeConfig, Decoder
     from tests.conftest import OracleDecoder, assert_greedy
 
     ids, expected, head = greedy_reference
     hooks = TreeHooks(monkeypatch)
     spec = TreeSpec(algorithm, 24, 7, ONLINE.get(algorithm, {}))
+    monkeypatch.setattr(head, "tree_profile", PROFILE)
     for decoder in (Decoder(smollm, head), OracleDecoder(smollm, head, reference=ids + expected, seed=1)):
-        hooks.context = _context(spec, seed=0)
-        result = decoder.generate(ids, DecodeConfig(tree=spec, max_new_tokens=len(expected)))
+        result = decoder.generate(ids, DecodeConfig(tree=spec, max_new_tokens=len(expected)), task="mtbench")
         assert_greedy(smollm, ids, result.token_ids, expected)
         assert max(result.stats.tree_nodes) <= 24
     if algorithm not in ("accum_logp", "chain"):  # a chain is accum_logp at width 1
@@ -570,3 +570,32 @@ def test_every_algorithm_with_its_context_samples_the_targets_distribution(monke
         cfg = DecodeConfig(tree=spec, temperature=1.0, max_new_tokens=2, seed=seed)
         samples[tuple(decoder.generate(PROMPT, cfg).token_ids)] += 1
     assert _chi_square_p(samples, exact) > 1e-3
+
+
+@pytest.mark.parametrize("algorithm", ["online_warmup", "template_bandit", "task_router", "depth_rank_histogram"])
+def test_the_engine_gives_each_request_the_decoders_context_and_feedback(algorithm):
+    """Batched, two requests at once: each request's trees — shaped from the head's profile, its task label
+    and its own online state, fed after every verify — are round for round the ones the reference decoder
+    builds for that request alone (same sizes, same tokens committed per round)."""
+    from jetflow.decode import DecodeConfig, Decoder
+    from jetflow.engine import Engine, EngineConfig
+    from jetflow.head import DraftHead, HeadConfig
+    from tests.conftest import tiny_target
+
+    target = tiny_target("llama", vocab=16, seed=3, logit_scale=4.0, layers=2)
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=5))
+    head.tree_profile = PROFILE
+    spec = TreeSpec(algorithm, 12, 4, ONLINE.get(algorithm, {}))
+    prompts = [[5, 9, 11, 3, 2], [7, 7, 8, 1, 14, 4, 3]]
+    configs = [DecodeConfig(tree=spec, max_new_tokens=40, temperature=1.0, seed=s) for s in range(2)]
+    decoder = Decoder(target, head)
+    reference = [decoder.generate(p, c, task="humaneval").stats for p, c in zip(prompts, configs)]
+    got = [g.stats for g in Engine(target, head, EngineConfig(max_slots=2)).generate(prompts, configs,
+                                                                                       ["humaneval"] * 2)]
+    for ref, stats in zip(reference, got):
+        assert stats.tree_nodes == ref.tree_nodes
+        assert stats.committed_per_round == ref.committed_per_round
+    paper = Decoder(target, head).generate(prompts[0], DecodeConfig(tree=TreeSpec("accum_logp", 12, 4),
+                                                                    max_new_tokens=40, temperature=1.0, seed=0))
+    assert paper.stats.tree_nodes != reference[0].tree_nodes, f"{algorithm} drafted accum_logp's trees"

@@ -77,6 +77,27 @@ def train_and_register(preset: str, target_id: str) -> SweptHead:
     return SweptHead(str(head_dir), f"models:/{name}/{version}", (name, version))
 
 
+def store_tree_profile(sweep: SweepOutcome, registered: tuple[str, str]) -> str | None:
+    """Store with the version the head's per-(depth, rank) acceptance profile (depth_rank_histogram and
+    class_histogram read it), from the report of the sweep's widest greedy accum_logp trial (else best_first:
+    the settings least shaped by a profile of their own). → the tree key it came from, None if no such trial."""
+    import mlflow
+
+    from jetflow.tracking import set_tree_profile, tracking_uri
+    from jetflow.tree import AcceptanceProfile
+
+    order = {"accum_logp": 0, "best_first": 1}
+    rows = [r for r in sweep.rows if r["algorithm"] in order and r["temperature"] == 0 and r.get("mlflow_run_id")]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: (order[r["algorithm"]], -r["budget"], -r["width"]))
+    mlflow.set_tracking_uri(tracking_uri())
+    report = mlflow.artifacts.load_dict(f"runs:/{row['mlflow_run_id']}/report.json")
+    method = report["params"].get("head_method", "causal")
+    set_tree_profile(*registered, AcceptanceProfile.from_report(report, method, row["key"]))
+    return row["key"]
+
+
 def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
     from jetflow.sweeps.cluster import init_ray
     from jetflow.tracking import promote, set_serving_profile, set_tree_config
@@ -92,6 +113,7 @@ def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobO
         set_tree_config(head.registered[0], head.registered[1], best)
         if sweep.budget_table:  # what the serving engine's load-aware policy starts from
             set_serving_profile(head.registered[0], head.registered[1], sweep.budget_table, sweep.tau_by_budget)
+        store_tree_profile(sweep, head.registered)
         out.stored = True
         if trained:  # the head trained for this job: the gate decides whether it becomes champion
             out.promotion = promote(cfg.sweep.target, head.registered[1], metric=cfg.sweep.select).summary()

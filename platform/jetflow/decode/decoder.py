@@ -21,7 +21,7 @@ from jetflow.errors import PromptTooLongError
 from jetflow.head import DraftHead, check_fits
 from jetflow.head.copy import copy_inputs
 from jetflow.target import TargetModel
-from jetflow.tree import DraftTree, build_tree, walk
+from jetflow.tree import TREE_BUILDERS, DraftTree, PromptInfo, TreeContext, build_tree, observe, walk
 
 
 @dataclass
@@ -51,6 +51,19 @@ class DecodeState:
     layer_ids: tuple[int, ...] = ()
     rng: torch.Generator | None = None
     lookahead: float = 2.0                    # running mean of the accepted path length (LM-head prefetch)
+    tree_context: TreeContext | None = None   # what the request's tree algorithm reads (profile, prompt, state)
+
+
+def request_tree_context(head: DraftHead | None, tokenizer, prompt_ids: Sequence[int], cfg: DecodeConfig,
+                         task: str | None = None) -> TreeContext | None:
+    """The `TreeContext` of one request whose tree algorithm reads one (None otherwise): the head's measured
+    profile (`head.tree_profile`), the prompt (its `task` label and decoded text, for the routers) and a fresh
+    online state seeded by the request's seed — the same in the reference decoder and in the engine."""
+    if head is None or cfg.tree.plain or not TREE_BUILDERS[cfg.tree.algorithm].context:
+        return None
+    text = tokenizer.decode(list(prompt_ids), skip_special_tokens=True) if tokenizer is not None else None
+    return TreeContext.for_request(cfg.tree, profile=head.tree_profile, prompt=PromptInfo(task=task, text=text),
+                                   seed=cfg.seed or 0)
 
 
 def commit_tokens(generated: list[int], tokens: Sequence[int], cfg: DecodeConfig, stop_ids: set[int],
@@ -136,20 +149,23 @@ class Decoder:
         return [int(t) for t in prompt]  # type: ignore[union-attr]
 
     def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig | None = None,
-                 raw: bool = False) -> Generation:
+                 raw: bool = False, task: str | None = None) -> Generation:
+        """`task`: a label for the prompt (a task or prompt-set name), read by the prompt-adaptive tree
+        algorithms (task_router, class_histogram)."""
         config = config or DecodeConfig()
         state = None
-        for state in self.stream(prompt, config, raw=raw):
+        for state in self.stream(prompt, config, raw=raw, task=task):
             pass
         assert state is not None
         return self.finish(state, config)
 
     def stream(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig,
-               raw: bool = False) -> Iterator[DecodeState]:
+               raw: bool = False, task: str | None = None) -> Iterator[DecodeState]:
         """Prefill, then yield the state after every round (new tokens: state.generated grows)."""
         ids = self.encode(prompt, raw=raw)
         with torch.inference_mode():
             state = self._prefill(ids, config)
+        state.tree_context = request_tree_context(self.head, self.target.tokenizer, ids, config, task)
         while state.finish_reason is None:
             with torch.inference_mode():
                 self._round(state, config)
@@ -229,7 +245,7 @@ class Decoder:
         if spec:
             top_v, top_i = self.draft(state, cfg)
             tb = self._now()
-            tree = build_tree(cfg.tree, state.anchor, top_v, top_i)
+            tree = build_tree(cfg.tree, state.anchor, top_v, top_i, state.tree_context)
         else:
             tb = ta
             tree = DraftTree.root_only(state.anchor)
@@ -253,6 +269,9 @@ class Decoder:
         else:
             acc = walk(tree, lambda node: int(torch.multinomial(
                 target_probs(logits_at(node), cfg.temperature, cfg.top_k, cfg.top_p), 1, generator=state.rng)))
+
+        if state.tree_context is not None:  # the online algorithms learn from every verified round
+            observe(state.tree_context.state, tree, acc)
 
         # 5. keep KV and features of root + accepted nodes; the bonus becomes the next anchor
         keep = torch.tensor(acc.path, device=dev)

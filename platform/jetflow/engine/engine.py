@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
-from jetflow.decode.decoder import commit_tokens, finish_generation
+from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context
 from jetflow.engine.kv import SlotKV, TargetKV
 from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, walker
+from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, observe, walker
 
 
 @dataclass
@@ -117,8 +117,9 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
-            deadline: float | None = None) -> str:
-        """Queue a request; returns its id. PromptTooLongError when it cannot fit this engine."""
+            deadline: float | None = None, task: str | None = None) -> str:
+        """Queue a request; returns its id. PromptTooLongError when it cannot fit this engine. `task`: the
+        prompt's label (a task or prompt-set name) for the prompt-adaptive tree algorithms."""
         config = config or DecodeConfig()
         ids = [int(t) for t in prompt_ids]
         if not ids:
@@ -132,7 +133,7 @@ class Engine:
                 "for fewer tokens")
         rid = request_id or f"req-{next(self._ids)}"
         with self._lock:
-            self.waiting.append(Request(rid, ids, config, deadline))
+            self.waiting.append(Request(rid, ids, config, deadline, task=task))
         return rid
 
     def cancel(self, request_id: str) -> None:
@@ -151,10 +152,13 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.running or self.prefilling or self.waiting)
 
-    def generate(self, prompts: Sequence[Sequence[int]], configs: DecodeConfig | Sequence[DecodeConfig]) -> list[Generation]:
-        """Decode every prompt (all queued at once, `max_slots` at a time); Generations in prompt order."""
+    def generate(self, prompts: Sequence[Sequence[int]], configs: DecodeConfig | Sequence[DecodeConfig],
+                 tasks: Sequence[str | None] | None = None) -> list[Generation]:
+        """Decode every prompt (all queued at once, `max_slots` at a time); Generations in prompt order.
+        `tasks`: each prompt's label for the prompt-adaptive tree algorithms."""
         configs = [configs] * len(prompts) if isinstance(configs, DecodeConfig) else list(configs)
-        order = [self.add(p, c) for p, c in zip(prompts, configs)]
+        tasks = list(tasks) if tasks is not None else [None] * len(prompts)
+        order = [self.add(p, c, task=t) for p, c, t in zip(prompts, configs, tasks)]
         done: dict[str, Generation] = {}
         while len(done) < len(order):
             for event in self.step():
@@ -191,7 +195,10 @@ class Engine:
     def _admit(self) -> None:
         with self._lock:
             while self.waiting and self.active < self.cfg.max_slots:
-                self.prefilling.append(Seq(self.waiting.popleft(), self.device))
+                seq = Seq(self.waiting.popleft(), self.device)
+                seq.tree_context = request_tree_context(self.head, self.target.tokenizer, seq.ids, seq.cfg,
+                                                        seq.request.task)
+                self.prefilling.append(seq)
 
     def _copy_slot(self, src: int, dst: int, length: int) -> None:
         self.kv.copy_slot(src, dst, length)
@@ -333,7 +340,7 @@ class Engine:
         if spec:
             values, tokens = self._draft(spec, [trees[i] for i in spec])
             for j, i in enumerate(spec):
-                drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j])
+                drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j], rows[i].tree_context)
         t1 = self._now()
         out = self._verify(rows, drafts)
         accs = self._accept(rows, drafts, out.hidden)
@@ -495,6 +502,8 @@ class Engine:
             for j in acc.path[1:]:
                 st.accepted_ranks[(tree.depths[j], tree.ranks[j])] += 1
             seq.lookahead = 0.9 * seq.lookahead + 0.1 * len(acc.path)
+            if seq.tree_context is not None:  # the online algorithms learn from every verified round
+                observe(seq.tree_context.state, tree, acc)
             if seq.started is None:
                 seq.started = now
             event = Event(seq.id, seq.generated[before:])

@@ -26,6 +26,7 @@ class Request:
     prompt_ids: list[int]
     config: DecodeConfig
     deadline: float | None = None             # time.monotonic() by which it must finish
+    task: str | None = None                   # the prompt's label, for the prompt-adaptive tree algorithms
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -62,6 +63,7 @@ class Seq:
             self.rng.manual_seed(self.cfg.seed)
         self.admitted = time.monotonic()
         self.started: float | None = None         # first decode step
+        self.tree_context = None                  # the request's TreeContext (the engine sets it on admission)
 
     @property
     def id(self) -> str:

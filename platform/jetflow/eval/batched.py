@@ -12,11 +12,12 @@ from jetflow.decode import DecodeConfig, Generation
 
 
 def decode_all(target, head, prompts: Sequence[Sequence[int]], configs: Sequence[DecodeConfig],
-               slots: int) -> list[Generation]:
-    """Every prompt through one engine, `slots` at a time (each request's own config); in prompt order."""
+               slots: int, task: str | None = None) -> list[Generation]:
+    """Every prompt through one engine, `slots` at a time (each request's own config); in prompt order.
+    `task`: the prompts' label (their set's name) for the prompt-adaptive tree algorithms."""
     from jetflow.engine import Engine, EngineConfig
 
-    return Engine(target, head, EngineConfig(max_slots=slots)).generate(prompts, configs)
+    return Engine(target, head, EngineConfig(max_slots=slots)).generate(prompts, configs, [task] * len(prompts))
 
 
 @dataclass(frozen=True)

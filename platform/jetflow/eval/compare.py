@@ -220,7 +220,8 @@ class _Runner:
         self.ar = Decoder(target)
         self.spec = [Decoder(target, h.head) for h in heads]
 
-    def __call__(self, s: Setting, ids: list[int], seed: int, max_new_tokens: int) -> Generation | HFRun:
+    def __call__(self, s: Setting, ids: list[int], seed: int, max_new_tokens: int,
+                 task: str | None = None) -> Generation | HFRun:
         sampled = s.temperature > 0
         if s.method in HF_METHODS:
             lookup = self.cfg.prompt_lookup_num_tokens if s.method == "hf_prompt_lookup" else None
@@ -228,7 +229,7 @@ class _Runner:
         decoder = self.ar if s.head is None else self.spec[s.head]
         dc = DecodeConfig(tree=s.tree or TreeSpec(budget=1), temperature=s.temperature,
                           max_new_tokens=max_new_tokens, seed=seed if sampled else None)
-        return decoder.generate(ids, dc)
+        return decoder.generate(ids, dc, task=task)  # the prompt set's name: the routers' task label
 
 
 def _finite(x: float | None) -> bool:
@@ -281,7 +282,7 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
             for ds, ids_list in timed_prompts.items():
                 for i, ids in enumerate(ids_list):
                     for s in settings:
-                        out = run(s, ids, cfg.seed + i, cfg.max_new_tokens)
+                        out = run(s, ids, cfg.seed + i, cfg.max_new_tokens, task=ds)
                         tally = tallies.setdefault((ds, s), _Tally())
                         if isinstance(out, Generation):
                             tally.add_generation(out)
@@ -363,7 +364,8 @@ def _batched_pass(target, heads, settings, prompts, cfg: EvalConfig, progress: b
         for ds, ids_list in prompts.items():
             for s in ours:
                 head = heads[s.head].head if s.head is not None else None
-                batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg), cfg.batch_size)
+                batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg), cfg.batch_size,
+                                              task=ds)
                 if cfg.concurrency and s.temperature == 0:
                     thru[(ds, s)] = {c: throughput(target, head, ids_list, _configs(s, 1, cfg)[0], c)
                                      for c in cfg.concurrency}

@@ -52,7 +52,12 @@ def load_head(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:
         raise HeadMismatchError(f"{path}: weights do not match its config (missing {missing[:4]}, unexpected {unexpected[:4]})")
-    return head.to(device=device, dtype=dtype).eval()
+    head = head.to(device=device, dtype=dtype).eval()
+    from jetflow.tree.profile import PROFILE_FILE, AcceptanceProfile  # tree/ does not import head/
+
+    if (path / PROFILE_FILE).exists():  # the head's own acceptance profile, for depth_rank_histogram & co.
+        head.tree_profile = AcceptanceProfile.load(path / PROFILE_FILE)
+    return head
 
 
 def check_fits(cfg: HeadConfig, target) -> None:

@@ -117,7 +117,11 @@ class DecoderLayer(nn.Module):
 
 
 class DraftHead(nn.Module):
-    """Causal (JetFlow) or bidirectional (DFlash) parallel draft head; `config.causal` selects."""
+    """Causal (JetFlow) or bidirectional (DFlash) parallel draft head; `config.causal` selects.
+    `tree_profile`: its measured per-(depth, rank) acceptance (`jetflow.tree.AcceptanceProfile`), attached by
+    `load_head` when its folder holds `tree_profile.json`; the profile-guided tree algorithms read it."""
+
+    tree_profile = None
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()

@@ -27,7 +27,7 @@ from mlflow.protos.databricks_pb2 import (
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
 from jetflow.head.ref import parse_models_uri
 from jetflow.paths import file_sha256
-from jetflow.tree import TreeSpec
+from jetflow.tree import PROFILE_FILE, AcceptanceProfile, TreeSpec
 from jetflow.tracking.store import client, experiment_for, local_root, safe_name, tracking_uri
 
 NAME_SUFFIX = "-jetflow-head"
@@ -35,6 +35,7 @@ CHAMPION, CHALLENGER, PREVIOUS_CHAMPION = "champion", "challenger", "previous-ch
 TREE_CONFIG_TAG = "jetflow.tree_config"
 BUDGET_TABLE_TAG = "jetflow.budget_by_concurrency"   # {"concurrency": budget}: the budget sweep's best per level
 TAU_TAG = "jetflow.tau_by_budget"                   # {"budget": τ}: the sweep's τ of the stored tree's kind
+PROFILE_TAG = "jetflow.tree_profile"                # the head's per-(depth, rank) acceptance (tree_profile.json)
 WEIGHTS_TAG = "jetflow.weights_sha256"
 HEAD_ARTIFACT = "head"
 CACHE_DIR = "registry"  # downloaded versions: <local root>/registry/<store hash>/<name>/<version>/
@@ -175,8 +176,30 @@ def resolve_head_uri(uri: str) -> Path:
     mv = get_version(name, ref)
     uri_hash = hashlib.sha1(tracking_uri().encode()).hexdigest()[:10]  # one cache per store
     dest = local_root() / CACHE_DIR / uri_hash / name / str(mv.version)
-    if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
-        return dest
+    if not ((dest / "config.json").exists() and (dest / "model.safetensors").exists()):
+        _download_version(uri, name, mv, dest)
+    _write_profile(mv, dest)
+    return dest
+
+
+def _write_profile(mv: ModelVersion, dest: Path) -> None:
+    """The version's stored tree profile (tag, set after registration by the main job) as tree_profile.json
+    beside the head, so `load_head` attaches it and a served head shapes trees from its own measurements."""
+    text = mv.tags.get(PROFILE_TAG)
+    path = dest / PROFILE_FILE
+    if not text:
+        return
+    try:
+        profile = AcceptanceProfile.from_dict(json.loads(text))
+    except (ValueError, InvalidSettingError):  # unreadable: the head serves without a profile
+        return
+    if not path.exists() or path.read_text() != json.dumps(profile.to_dict(), indent=2) + "\n":
+        tmp = dest / f".{PROFILE_FILE}.{os.getpid()}"
+        profile.save(tmp)
+        os.replace(tmp, path)
+
+
+def _download_version(uri: str, name: str, mv: ModelVersion, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{mv.version}-", dir=dest.parent))
     try:
@@ -197,7 +220,6 @@ def resolve_head_uri(uri: str) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 # --------------------------------------------------------------------------- aliases, tree config
@@ -235,6 +257,19 @@ def set_serving_profile(name: str, version: str, budget_table: dict[int, int],
                             json.dumps({str(k): int(v) for k, v in sorted(budget_table.items())}))
     c.set_model_version_tag(name, str(mv.version), TAU_TAG,
                             json.dumps({str(k): round(float(v), 4) for k, v in sorted(tau_by_budget.items())}))
+
+
+def set_tree_profile(name: str, version: str, profile: AcceptanceProfile) -> None:
+    """Store the head's measured per-(depth, rank) acceptance with its version (tag `jetflow.tree_profile`,
+    the profile's JSON), so every download of the version carries it as tree_profile.json."""
+    if not isinstance(profile, AcceptanceProfile):
+        raise InvalidSettingError(f"a tree profile is an AcceptanceProfile, got {profile!r}")
+    mv = get_version(name, str(version))
+    data = profile.to_dict()
+    data["depth_rank_accept"] = [[round(x, 4) for x in row] for row in data["depth_rank_accept"]]
+    data["per_class_histograms"] = {k: [[round(x, 4) for x in row] for row in t]
+                                    for k, t in data["per_class_histograms"].items()}
+    client().set_model_version_tag(name, str(mv.version), PROFILE_TAG, json.dumps(data, separators=(",", ":")))
 
 
 def _int_map(text: str | None) -> dict[int, float] | None:
