@@ -46,7 +46,8 @@ class EngineConfig:
     max_slots: int = 8                   # requests decoded at once (more wait in the queue)
     max_model_len: int | None = None     # prompt + generated tokens per request (default: the target's positions)
     prefill_chunk: int = 128             # prompt tokens fed per request and step (chunked prefill); with a cost
-                                         # curve and requests running, fewer: a chunk costs at most a decode step
+                                         # curve and requests running, a prompt longer than prefill_tokens goes
+                                         # in smaller chunks, each costing at most a decode step
     prefill_tokens: int = 256            # prompt tokens fed per step over all admitted requests (rows padded)
     policy: str = "fixed"                # fixed: each request's own tree; plain: no speculation; auto: load-aware
     cost_curve: object = None            # auto: the StepCostCurve of this device (jetflow.engine.cost)
@@ -310,11 +311,15 @@ class Engine:
         self._promote_prefilled()
 
     def _prefill_sizes(self) -> tuple[int, int]:
-        """(prompt tokens per request, per step) this step. While requests run, a step's chunk is sized so
-        that its forward costs at most what the last decode step took (the cost curve's one-row time of n
-        tokens): a running stream's gap between tokens at most doubles while a long prompt is admitted."""
+        """(prompt tokens per request, per step) this step. Prompts of at most `prefill_tokens` go in full
+        chunks (an extra forward for a step or two per request: feeding them in small chunks would add a
+        forward to many steps). While requests run and a longer prompt is being admitted, a step's chunk is
+        sized so that its forward costs at most what the last decode step took (the cost curve's one-row time
+        of n tokens): a running stream's gap between tokens at most doubles while a long prompt is admitted."""
         curve = self.cfg.cost_curve
         if not self.running or curve is None or not self._decode_ms:
+            return self.cfg.prefill_chunk, self.cfg.prefill_tokens
+        if max(s.prefill_target - s.prefilled for s in self.prefilling) <= self.cfg.prefill_tokens:
             return self.cfg.prefill_chunk, self.cfg.prefill_tokens
         n = 8
         while n * 2 <= self.cfg.prefill_chunk and curve.step_ms(1, n * 2) <= self._decode_ms:
