@@ -84,13 +84,14 @@ def store_tree_profile(sweep: SweepOutcome, registered: tuple[str, str]) -> str 
     import mlflow
 
     from jetflow.tracking import set_tree_profile, tracking_uri
-    from jetflow.tree import AcceptanceProfile
+    from jetflow.tree import AcceptanceProfile, TreeSpec
+    from jetflow.tree.profile import PROFILE_ALGORITHMS, profile_preference
 
-    order = {"accum_logp": 0, "best_first": 1}
-    rows = [r for r in sweep.rows if r["algorithm"] in order and r["temperature"] == 0 and r.get("mlflow_run_id")]
+    rows = [r for r in sweep.rows
+            if r["algorithm"] in PROFILE_ALGORITHMS and r["temperature"] == 0 and r.get("mlflow_run_id")]
     if not rows:
         return None
-    row = min(rows, key=lambda r: (order[r["algorithm"]], -r["budget"], -r["width"]))
+    row = min(rows, key=lambda r: profile_preference(TreeSpec.from_dict(r["tree"])))
     mlflow.set_tracking_uri(tracking_uri())
     report = mlflow.artifacts.load_dict(f"runs:/{row['mlflow_run_id']}/report.json")
     method = report["params"].get("head_method", "causal")

@@ -193,7 +193,7 @@ def _write_profile(mv: ModelVersion, dest: Path) -> None:
         profile = AcceptanceProfile.from_dict(json.loads(text))
     except (ValueError, InvalidSettingError):  # unreadable: the head serves without a profile
         return
-    if not path.exists() or path.read_text() != json.dumps(profile.to_dict(), indent=2) + "\n":
+    if not path.exists() or json.loads(path.read_text()) != profile.to_dict():
         tmp = dest / f".{PROFILE_FILE}.{os.getpid()}"
         profile.save(tmp)
         os.replace(tmp, path)
@@ -265,10 +265,12 @@ def set_tree_profile(name: str, version: str, profile: AcceptanceProfile) -> Non
     if not isinstance(profile, AcceptanceProfile):
         raise InvalidSettingError(f"a tree profile is an AcceptanceProfile, got {profile!r}")
     mv = get_version(name, str(version))
+    def rounded(table):
+        return [[round(x, 4) for x in row] for row in table]
+
     data = profile.to_dict()
-    data["depth_rank_accept"] = [[round(x, 4) for x in row] for row in data["depth_rank_accept"]]
-    data["per_class_histograms"] = {k: [[round(x, 4) for x in row] for row in t]
-                                    for k, t in data["per_class_histograms"].items()}
+    data["depth_rank_accept"] = rounded(data["depth_rank_accept"])
+    data["per_class_histograms"] = {k: rounded(t) for k, t in data["per_class_histograms"].items()}
     client().set_model_version_tag(name, str(mv.version), PROFILE_TAG, json.dumps(data, separators=(",", ":")))
 
 

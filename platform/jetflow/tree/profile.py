@@ -83,6 +83,15 @@ def conditional_table(rounds_fraction: Mapping[tuple[int, int], float]) -> Table
 
 
 # ------------------------------------------------------------------------------------ the profile
+PROFILE_ALGORITHMS = {"accum_logp": 0, "best_first": 1}  # the settings a profile is read from, in preference
+
+
+def profile_preference(spec: TreeSpec) -> tuple[int, int, int]:
+    """Sort key of the setting to read a head's profile from (smallest first): the widest `accum_logp`, else
+    the widest `best_first` — the trees least shaped by a profile of their own — else anything."""
+    return PROFILE_ALGORITHMS.get(spec.algorithm, len(PROFILE_ALGORITHMS)), -spec.budget, -spec.width
+
+
 def _table(where: str, value: Any) -> Table:
     try:
         return tuple(tuple(float(x) for x in row) for row in value)
@@ -154,10 +163,7 @@ class AcceptanceProfile:
             raise InvalidSettingError(f"the report has no greedy per-(depth, rank) acceptance for the {method} "
                                       "head: evaluate it with a tree setting at temperature 0 first")
         if setting is None:
-            order = {"accum_logp": 0, "best_first": 1}
-            specs = [TreeSpec.from_key(k) for k in entries]
-            best = min(specs, key=lambda s: (order.get(s.algorithm, 2), -s.budget, -s.width))
-            setting = best.key
+            setting = min((TreeSpec.from_key(k) for k in entries), key=profile_preference).key
         if setting not in entries:
             raise InvalidSettingError(f"the report measured no {method} setting {setting!r}; it has "
                                       f"{', '.join(sorted(entries))}")
