@@ -56,19 +56,35 @@ class OracleDecoder(Decoder):
         self.miss = miss
         self.rng = random.Random(seed)
 
-    def draft(self, state, cfg):
-        vocab, w = self.target.vocab_size, cfg.tree.width
+    def draft(self, state, cfg, branches=()):
+        return oracle_draft(self.rng, self.target.vocab_size, cfg.tree.width, self.reference, state.past,
+                            self.head.config.depth, self.miss, branches)
+
+
+def oracle_draft(rng, vocab: int, w: int, reference: list[int], past: int, depth: int, miss: float,
+                 branches=()) -> tuple[list, list]:
+    """The noisy oracle's rows for depths 1..depth after position `past` of `reference`. With `branches`
+    (path_conditional_refresh's second pass, depth-1 tokens): per branch, the rows of depths 2..depth — the
+    oracle's when the branch is the true depth-1 token, rows missing the truth otherwise (a wrong path has
+    no true continuation)."""
+    def rows(first: int, knows: bool):
         vals, toks = [], []
-        for k in range(1, self.head.config.depth + 1):
-            pos = state.past + k
-            true = self.reference[pos] if pos < len(self.reference) else None
-            row = [t for t in self.rng.sample(range(vocab), w + 1) if t != true][:w]
-            if true is not None and self.rng.random() > self.miss:
+        for k in range(first, depth + 1):
+            pos = past + k
+            true = reference[pos] if pos < len(reference) else None
+            row = [t for t in rng.sample(range(vocab), w + 1) if t != true][:w]
+            if knows and true is not None and rng.random() > miss:
                 # mostly rank 0 (the spine), sometimes deeper ranks (off-spine branches)
-                row[self.rng.choices(range(w), weights=[20] + [1] * (w - 1))[0]] = true
+                row[rng.choices(range(w), weights=[20] + [1] * (w - 1))[0]] = true
             vals.append([-0.3 - 0.4 * r for r in range(w)])  # branches compete with the spine
             toks.append(row)
         return vals, toks
+
+    if not branches:
+        return rows(1, True)
+    true1 = reference[past + 1] if past + 1 < len(reference) else None
+    out = [rows(2, c == true1) for c in branches]
+    return [o[0] for o in out], [o[1] for o in out]
 
 
 class OracleEngine(Engine):
@@ -81,20 +97,17 @@ class OracleEngine(Engine):
         self.references, self.miss, self.rng = references, miss, random.Random(seed)
 
     def _draft(self, idx, trees):
-        vocab = self.target.vocab_size
         values, tokens = [], []
         for i, tree in zip(idx, trees):
-            seq, w = self.running[i], tree.width
-            reference = self.references[tuple(seq.request.prompt_ids)]
-            vals, toks = [], []
-            for k in range(1, self.head.config.depth + 1):
-                pos = seq.past + k
-                true = reference[pos] if pos < len(reference) else None
-                row = [t for t in self.rng.sample(range(vocab), w + 1) if t != true][:w]
-                if true is not None and self.rng.random() > self.miss:
-                    row[self.rng.choices(range(w), weights=[20] + [1] * (w - 1))[0]] = true
-                vals.append([-0.3 - 0.4 * r for r in range(w)])
-                toks.append(row)
+            vals, toks = self._oracle(i, tree.width)
             values.append(vals)
             tokens.append(toks)
         return values, tokens
+
+    def _redraft(self, i, width, branches):
+        return self._oracle(i, width, branches)
+
+    def _oracle(self, i, width, branches=()):
+        seq = self.running[i]
+        return oracle_draft(self.rng, self.target.vocab_size, width, self.references[tuple(seq.request.prompt_ids)],
+                            seq.past, self.head.config.depth, self.miss, branches)

@@ -76,6 +76,8 @@ PARAM_VALUES = {
     "force_baseline": st.sampled_from([0.0, 1.0]),
     "warmup": st.integers(0, 6).map(float),
     "epsilon": st.floats(0.0, 1.0),
+    "branches": st.integers(0, 8).map(float),
+    "gap": st.one_of(st.floats(0.0, 10.0), st.just(1e9)),
 }
 
 

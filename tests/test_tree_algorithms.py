@@ -452,6 +452,107 @@ def test_template_bandit_is_reproducible_for_a_seed():
 
 
 # ---------------------------------------------------------------------------------------------
+# path_conditional_refresh (planned): a second head pass re-drafts depths 2..D under the top depth-1 tokens
+
+
+class FakeRedraft:
+    """A stand-in for the head's second pass: for each depth-1 token, D - 1 rows of `width` (log-prob,
+    token) that depend on that token (seeded by it), each sorted by descending log-prob. Records its calls."""
+
+    def __init__(self, depth: int, width: int, seed: int = 0, vocab: int = 60):
+        self.depth, self.width, self.seed, self.vocab = depth, width, seed, vocab
+        self.calls: list[list[int]] = []
+
+    def rows(self, token: int):
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + token)
+        top = torch.topk(torch.log_softmax(torch.randn(self.depth - 1, self.vocab, generator=gen) * 3, -1),
+                         self.width, -1)
+        return top.values.tolist(), top.indices.tolist()
+
+    def __call__(self, branches):
+        self.calls.append(list(branches))
+        rows = [self.rows(c) for c in branches]
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def refresh_rule(root: int, logp, tokens, budget: int, k: int, refreshed: dict) -> DraftTree:
+    """path_conditional_refresh stated without a heap: the paper's rule (`paper_rule`) — while the tree has
+    fewer than `budget` nodes, expand the not-yet-expanded node of depth < D with the best cumulative log-prob
+    (ties: created first), appending ranks 0 .. min(k, budget - size) - 1 — where the children of a node
+    below the depth-1 token of rank r come from refreshed[r]'s row of their depth when r was refreshed."""
+    tree = DraftTree.root_only(root)
+    expanded: set[int] = set()
+    while tree.size < budget:
+        open_ = [i for i in range(tree.size) if i not in expanded and tree.depths[i] < len(logp)]
+        if not open_:
+            break
+        best = max(open_, key=lambda i: (tree.scores[i], -i))
+        expanded.add(best)
+        d = tree.depths[best]
+        top = tree.path_to(best)[1:2]  # the depth-1 ancestor (or itself), none for the root
+        branch = tree.ranks[top[0]] if top else None
+        lp, tok = (refreshed[branch][0][d - 1], refreshed[branch][1][d - 1]) if branch in refreshed else (
+            logp[d], tokens[d])
+        for r in range(min(k, budget - tree.size)):
+            tree.add(tok[r], best, tree.scores[best] + lp[r], r)
+    return tree
+
+
+@FAST
+@given(rows=draft_rows(), budget=budgets, root=roots, branches=st.integers(0, 8), seed=st.integers(0, 99))
+def test_path_conditional_refresh_is_the_papers_rule_on_each_branchs_redrafted_rows(rows, budget, root, branches,
+                                                                                  seed):
+    logp, tokens = rows
+    k = len(logp[0])
+    redraft = FakeRedraft(len(logp), k, seed)
+    tree = build("path_conditional_refresh", root, logp, tokens, budget, context=TreeContext(redraft=redraft),
+                 branches=branches, gap=1e9)
+    opens = len(logp) >= 2 and k >= 2 and budget > 1 + k and logp[0][0] - logp[0][1] < 1e9 and branches > 0
+    assert redraft.calls == ([list(tokens[0][:min(branches, k)])] if opens else [])
+    refreshed = {r: redraft.rows(tokens[0][r]) for r in range(min(branches, k))} if opens else {}
+    assert_same_tree(tree, refresh_rule(root, logp, tokens, budget, k, refreshed))
+
+
+@FAST
+@given(rows=draft_rows(), budget=budgets, root=roots, data=st.data())
+def test_path_conditional_refresh_is_accum_logp_at_its_identity_settings(rows, budget, root, data):
+    """branches 0, gap 0, or no second pass to call (no context, or a context without one): accum_logp,
+    node for node, and the head is never called."""
+    logp, tokens = rows
+    paper = build("accum_logp", root, logp, tokens, budget)
+    redraft = FakeRedraft(len(logp), len(logp[0]))
+    for context, params in ((None, {}), (TreeContext(), {"gap": 1e9}),
+                            (TreeContext(redraft=redraft), {"branches": 0, "gap": 1e9}),
+                            (TreeContext(redraft=redraft), {"gap": 0.0, "branches": data.draw(st.integers(0, 8))})):
+        assert_same_tree(build("path_conditional_refresh", root, logp, tokens, budget, context=context, **params),
+                         paper)
+    assert redraft.calls == []
+
+
+def test_path_conditional_refresh_pays_for_a_second_pass_only_where_it_can_change_the_tree():
+    """The gate: an uncertain depth 1 (top-2 gap below `gap`) and a budget that reaches depth 2 (> 1 +
+    fanout) — then the top `branches` depth-1 tokens are re-drafted, and the tree differs from accum_logp."""
+    uncertain, decisive = rows_with_gaps([0.3, 0.2, 0.2]), rows_with_gaps([3.0, 0.2, 0.2])
+    for (logp, tokens), budget, called in ((uncertain, 32, True), (decisive, 32, False), (uncertain, 5, False),
+                                           (uncertain, 6, True)):
+        redraft = FakeRedraft(3, 4, vocab=500)
+        tree = build("path_conditional_refresh", 0, logp, tokens, budget, context=TreeContext(redraft=redraft))
+        assert redraft.calls == ([[100, 101]] if called else [])  # branches 2 by default: ranks 0 and 1
+        paper = build("accum_logp", 0, logp, tokens, budget)
+        assert (tree.tokens != paper.tokens) == called
+    with pytest.raises(InvalidSettingError, match="whole number"):
+        TreeSpec("path_conditional_refresh", params={"branches": 1.5})
+
+
+def test_the_context_carries_a_rounds_second_pass_and_keeps_the_requests_state():
+    spec = TreeSpec("online_warmup", 12, 4)
+    context = TreeContext.for_request(spec, profile=PROFILE)
+    round_context = context.with_redraft(FakeRedraft(3, 4))
+    assert round_context.state is context.state and round_context.profile is context.profile
+    assert context.redraft is None and round_context.redraft is not None
+
+
+# ---------------------------------------------------------------------------------------------
 # the README says where each algorithm comes from
 
 
@@ -572,7 +673,8 @@ def test_every_algorithm_with_its_context_samples_the_targets_distribution(monke
     assert _chi_square_p(samples, exact) > 1e-3
 
 
-@pytest.mark.parametrize("algorithm", ["online_warmup", "template_bandit", "task_router", "depth_rank_histogram"])
+@pytest.mark.parametrize("algorithm", ["online_warmup", "template_bandit", "task_router", "depth_rank_histogram",
+                                       "path_conditional_refresh"])
 def test_the_engine_gives_each_request_the_decoders_context_and_feedback(algorithm):
     """Batched, two requests at once: each request's trees — shaped from the head's profile, its task label
     and its own online state, fed after every verify — are round for round the ones the reference decoder
@@ -596,6 +698,12 @@ def test_the_engine_gives_each_request_the_decoders_context_and_feedback(algorit
     for ref, stats in zip(reference, got):
         assert stats.tree_nodes == ref.tree_nodes
         assert stats.committed_per_round == ref.committed_per_round
+        assert stats.redrafts == ref.redrafts  # path_conditional_refresh: the same rounds paid a second pass
     paper = Decoder(target, head).generate(prompts[0], DecodeConfig(tree=TreeSpec("accum_logp", 12, 4),
                                                                     max_new_tokens=40, temperature=1.0, seed=0))
-    assert paper.stats.tree_nodes != reference[0].tree_nodes, f"{algorithm} drafted accum_logp's trees"
+    if algorithm == "path_conditional_refresh":  # same sizes as accum_logp: the second pass changes tokens
+        assert reference[0].redrafts > 0 and paper.stats.redrafts == 0
+    else:
+        assert (paper.stats.tree_nodes, paper.stats.committed_per_round) != (
+            reference[0].tree_nodes, reference[0].committed_per_round), f"{algorithm} drafted accum_logp's trees"
+        assert reference[0].redrafts == 0

@@ -218,24 +218,49 @@ class Decoder:
         state.stats.prefill_s = self._now() - t0
         return state
 
-    def draft_logits(self, state: DecodeState) -> torch.Tensor:
+    def draft_logits(self, state: DecodeState, branches: Sequence[int] = ()) -> torch.Tensor:
         """Head forward for the block [anchor, MASK x D] at positions past..past+D → (D, V') logits over the
-        head's output vocabulary (V' = its draft vocabulary, or the target's; `head.to_target_ids` maps)."""
+        head's output vocabulary (V' = its draft vocabulary, or the target's; `head.to_target_ids` maps).
+        With `branches` (depth-1 tokens c_1..c_F): one forward of F blocks [anchor, c_r, MASK x (D-1)] → (F,
+        D-1, V'), the rows of depths 2..D drafted under each (path_conditional_refresh's second pass)."""
         target, head, past = self.target, self.head, state.past
-        block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), state.mask_ids]))
+        block = target.embed(torch.cat([torch.tensor([state.anchor], device=target.device), state.mask_ids]))[None]
+        f = max(1, len(branches))
+        if branches:
+            block = block.repeat(f, 1, 1)
+            block[:, 1] = target.embed(torch.tensor(list(branches), device=target.device))
         copy = None
         if head.config.copy_ngram:
             # the committed tokens: the anchor (last of them) stands at position `past`
-            copy = copy_inputs(head, target, state.prompt_ids + state.generated, [past])
-        h = head(state.ctx[None, :past], block[None], state.positions[None, :past],
-                 state.positions[None, past : past + head.config.block_size], copy=copy)
-        return head.output_logits(target, h[0, 1:])
+            embeds, lens = copy_inputs(head, target, state.prompt_ids + state.generated, [past])
+            copy = (embeds.expand(f, -1, -1), lens.expand(f, -1))
+        h = head(state.ctx[None, :past].expand(f, -1, -1), block, state.positions[None, :past].expand(f, -1),
+                 state.positions[None, past : past + head.config.block_size].expand(f, -1), copy=copy)
+        return head.output_logits(target, h[:, 2:] if branches else h[0, 1:])
 
-    def draft(self, state: DecodeState, cfg: DecodeConfig) -> tuple[list[list[float]], list[list[int]]]:
-        """Per-depth top-W draft (log-probs, tokens), D rows sorted by descending log-prob."""
-        logp = torch.log_softmax(self.draft_logits(state).float(), dim=-1)
+    def draft(self, state: DecodeState, cfg: DecodeConfig,
+              branches: Sequence[int] = ()) -> tuple[list[list[float]], list[list[int]]]:
+        """Per-depth top-W draft (log-probs, tokens), D rows sorted by descending log-prob (with `branches`:
+        per depth-1 token, the rows of depths 2..D drafted under it — see `draft_logits`)."""
+        logp = torch.log_softmax(self.draft_logits(state, branches).float(), dim=-1)
         top = torch.topk(logp, min(cfg.tree.width, logp.shape[-1]), dim=-1)
         return top.values.tolist(), self.head.to_target_ids(top.indices).tolist()
+
+    def _round_context(self, state: DecodeState, cfg: DecodeConfig, spent: list[float]) -> TreeContext | None:
+        """The request's tree context for this round: with the second head pass when its algorithm calls
+        one (its seconds are added to `spent`, counted as draft time)."""
+        context = state.tree_context
+        if context is None or not TREE_BUILDERS[cfg.tree.algorithm].drafter:
+            return context
+
+        def redraft(branches: Sequence[int]):
+            t0 = time.perf_counter()
+            rows = self.draft(state, cfg, branches)
+            spent[0] += self._now() - t0
+            state.stats.redrafts += 1
+            return rows
+
+        return context.with_redraft(redraft)
 
     def _round(self, state: DecodeState, cfg: DecodeConfig) -> None:
         target, stats, dev, past = self.target, state.stats, self.target.device, state.past
@@ -245,9 +270,10 @@ class Decoder:
         if spec:
             top_v, top_i = self.draft(state, cfg)
             tb = self._now()
-            tree = build_tree(cfg.tree, state.anchor, top_v, top_i, state.tree_context)
+            redraft_s = [0.0]
+            tree = build_tree(cfg.tree, state.anchor, top_v, top_i, self._round_context(state, cfg, redraft_s))
         else:
-            tb = ta
+            tb, redraft_s = ta, [0.0]
             tree = DraftTree.root_only(state.anchor)
         tv = time.perf_counter()
 
@@ -285,8 +311,8 @@ class Decoder:
             self.target.tokenizer)
         te = self._now()
 
-        stats.draft_s += tb - ta
-        stats.tree_s += tv - tb
+        stats.draft_s += tb - ta + redraft_s[0]   # a second head pass (path_conditional_refresh) is drafting
+        stats.tree_s += tv - tb - redraft_s[0]
         stats.verify_s += (tw - tv) + logits_at.seconds
         stats.accept_s += (te - tw) - logits_at.seconds
         stats.decode_s += te - ta

@@ -20,6 +20,7 @@ class DecodeStats:
     accepted_depths: Counter = field(default_factory=Counter)       # d → rounds that accepted exactly d drafts
     accepted_ranks: Counter = field(default_factory=Counter)        # (depth, rank) → accepted nodes
     tree_nodes: list[int] = field(default_factory=list)             # verified nodes per round
+    redrafts: int = 0              # rounds with a second head pass (path_conditional_refresh's gate open)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     tree_s: float = 0.0
@@ -51,7 +52,7 @@ class DecodeStats:
 
     def merge(self, other: "DecodeStats") -> "DecodeStats":
         out = DecodeStats()
-        for name in ("prompt_tokens", "new_tokens", "rounds", "prefill_s", "draft_s", "tree_s", "verify_s",
+        for name in ("prompt_tokens", "new_tokens", "rounds", "redrafts", "prefill_s", "draft_s", "tree_s", "verify_s",
                      "accept_s", "decode_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.committed_per_round = self.committed_per_round + other.committed_per_round
@@ -67,6 +68,7 @@ class DecodeStats:
             "rounds": self.rounds,
             "tau": round(self.tau, 4),
             "tokens_per_s": round(self.tokens_per_s, 3),
+            "redrafts": self.redrafts,
             "mean_tree_nodes": round(sum(self.tree_nodes) / len(self.tree_nodes), 2) if self.tree_nodes else 0,
             "accepted_depth_hist": {str(k): v for k, v in sorted(self.accepted_depths.items())},
             "time_s": {

@@ -16,7 +16,8 @@ Host syncs per decode step on a GPU (greedy; counted in this file): the draft's 
 walk's LM-head work brings its argmaxes (`_accept`: 1 `.tolist()` per round, rounds ≈ accepted depth ÷ the
 row's lookahead, usually 1-2); nothing else reads a device value. The per-row inputs (positions, tree
 tokens, masks, accepted paths) go host → device as a handful of small copies per step (built in numpy, one
-copy each). A sampled row adds one `multinomial` draw per walked node.
+copy each). A sampled row adds one `multinomial` draw per walked node; a row whose path_conditional_refresh
+gate opens, its second head pass's top-k (`_redraft`: 2 `.tolist()`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from jetflow.engine.sequence import Event, Request, RequestCancelledError, Reque
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, observe, walker
+from jetflow.tree import MAX_BUDGET, TREE_BUILDERS, DraftTree, build_tree, observe, walker
 
 
 @dataclass
@@ -345,7 +346,7 @@ class Engine:
         if spec:
             values, tokens = self._draft(spec, [trees[i] for i in spec])
             for j, i in enumerate(spec):
-                drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j], rows[i].tree_context)
+                drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j], self._round_context(i, trees[i]))
         t1 = self._now()
         out = self._verify(rows, drafts)
         accs = self._accept(rows, drafts, out.hidden)
@@ -358,9 +359,44 @@ class Engine:
         self._decode_ms = (t3 - t0) * 1000
         self.policy.observe(rows, trees, committed, self.times)
 
+    def _round_context(self, i: int, tree) -> object:
+        """Running row `i`'s tree context for this step: with the second head pass when its algorithm calls
+        one (`_redraft`; inside the step's draft time)."""
+        seq = self.running[i]
+        context = seq.tree_context
+        if context is None or not TREE_BUILDERS[tree.algorithm].drafter:
+            return context
+
+        def redraft(branches):
+            seq.stats.redrafts += 1
+            return self._redraft(i, tree.width, branches)
+
+        return context.with_redraft(redraft)
+
     def _draft(self, idx: list[int], trees: list) -> tuple[list, list]:
         """One batched head forward for running rows `idx` → per row the top-W (log-probs, tokens) of each
         depth, W = that row's tree width."""
+        rows = [self.running[i] for i in idx]
+        ids = torch.full((len(rows), self.head.config.block_size), self.mask_id, dtype=torch.long, device=self.device)
+        ids[:, 0] = torch.tensor([s.anchor for s in rows], device=self.device)
+        values, tokens = self._head_topk(idx, ids, max(t.width for t in trees), first=1)
+        return ([[d[: t.width] for d in v] for v, t in zip(values, trees)],
+                [[d[: t.width] for d in k] for k, t in zip(tokens, trees)])
+
+    def _redraft(self, i: int, width: int, branches: Sequence[int]) -> tuple[list, list]:
+        """path_conditional_refresh's second head pass for running row `i`: one forward of F blocks [anchor,
+        c_r, MASK x (D-1)] over copies of the row's cached context → per depth-1 token c_r its top-`width`
+        rows of depths 2..D."""
+        f = len(branches)
+        ids = torch.full((f, self.head.config.block_size), self.mask_id, dtype=torch.long, device=self.device)
+        ids[:, 0] = self.running[i].anchor
+        ids[:, 1] = torch.tensor(list(branches), device=self.device)
+        return self._head_topk([i] * f, ids, width, first=2)
+
+    def _head_topk(self, idx: list[int], ids: torch.Tensor, width: int, first: int) -> tuple[list, list]:
+        """Head forward of blocks `ids` (b, B) at positions past..past+B-1 of running rows `idx` (a row may
+        repeat), over their cached context keys/values → the top-`width` (log-probs, target ids) of block
+        positions first..B-1, as nested lists (b, B - first, width)."""
         head, target, dev = self.head, self.target, self.device
         rows = [self.running[i] for i in idx]
         b, block = len(rows), head.config.block_size
@@ -369,13 +405,11 @@ class Engine:
         positions = past[:, None] + cols
         width = max(s.past for s in rows) + block
         self.head_kv.reserve(width)
-        ids = torch.full((b, block), self.mask_id, dtype=torch.long, device=dev)
-        ids[:, 0] = torch.tensor([s.anchor for s in rows], device=dev)
         contiguous = idx == list(range(idx[0], idx[0] + b))
         if contiguous:  # views: the block's keys/values are written into the slots' scratch positions
             kv = [self.head_kv.rows(layer, idx[0], idx[0] + b, width) for layer in range(self.head_kv.num_layers)]
             shortcut = self.last_ctx[idx[0]: idx[0] + b]
-        else:
+        else:  # copies (a row drafted twice writes its block into each copy, never into the slot)
             sel = torch.tensor(idx, device=dev)
             kv = [(k.index_select(0, sel), v.index_select(0, sel))
                   for k, v in (self.head_kv.rows(layer, 0, self.cfg.max_slots, width)
@@ -391,11 +425,9 @@ class Engine:
             parts = [copy_inputs(head, target, s.ids, [s.past]) for s in rows]
             copy = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         h = head.forward_cached(target.embed(ids), positions, kv, positions, visible[:, None], copy, shortcut)
-        logp = torch.log_softmax(head.output_logits(target, h[:, 1:]).float(), dim=-1)
-        top = torch.topk(logp, min(max(t.width for t in trees), logp.shape[-1]), dim=-1)
-        values, tokens = top.values.tolist(), head.to_target_ids(top.indices).tolist()
-        return ([[d[: t.width] for d in v] for v, t in zip(values, trees)],
-                [[d[: t.width] for d in k] for k, t in zip(tokens, trees)])
+        logp = torch.log_softmax(head.output_logits(target, h[:, first:]).float(), dim=-1)
+        top = torch.topk(logp, min(width, logp.shape[-1]), dim=-1)
+        return top.values.tolist(), head.to_target_ids(top.indices).tolist()
 
     def _verify(self, rows: list[Seq], drafts: list[DraftTree]):
         """One target forward over every row's tree, padded to the widest: RoPE position = past + depth."""

@@ -57,6 +57,7 @@ class TreeAlgorithm:
     params: dict[str, float] = field(default_factory=dict)
     chain: bool = False                   # drafts one path: width is meaningless, at most D + 1 nodes
     context: bool = False                 # reads a `TreeContext` (profile, prompt, templates, online state)
+    drafter: bool = False                 # may call the head again in a round (`TreeContext.redraft`)
     state: StateFactory | None = None     # keeps per-request state that `observe` feeds after each verify
     check: ParamCheck | None = None       # cross-parameter rules beyond "a finite number"
 
@@ -69,11 +70,11 @@ TREE_BUILDERS: dict[str, TreeAlgorithm] = {}
 
 
 def register_tree(name: str, *, source: Source, chain: bool = False, context: bool = False,
-                  state: StateFactory | None = None, check: ParamCheck | None = None,
+                  drafter: bool = False, state: StateFactory | None = None, check: ParamCheck | None = None,
                   **params: float) -> Callable[[TreeBuilder], TreeBuilder]:
     """Register a builder under `name`; `params` are the extra keyword parameters it accepts, with defaults."""
     def deco(fn: TreeBuilder) -> TreeBuilder:
-        TREE_BUILDERS[name] = TreeAlgorithm(name, fn, source, dict(params), chain, context, state, check)
+        TREE_BUILDERS[name] = TreeAlgorithm(name, fn, source, dict(params), chain, context, drafter, state, check)
         return fn
 
     return deco

@@ -15,8 +15,8 @@ accum_logp), or, for the routers, classifies from the draft's own log-probs, as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 from jetflow.tree.accept import Acceptance
 from jetflow.tree.build import TREE_BUILDERS
@@ -37,6 +37,11 @@ class PromptInfo:
     text: str | None = None   # the prompt's text (the user turn, or the decoded prompt ids): reasoning markers
 
 
+# (depth-1 tokens c_1..c_F) → per token, the head's rows for depths 2..D drafted with that token in the block
+# in place of the first MASK: (log-probs, tokens), F lists of D - 1 rows, each row sorted by descending log-prob
+Redraft = Callable[[Sequence[int]], tuple[list[list[list[float]]], list[list[list[int]]]]]
+
+
 @runtime_checkable
 class TreeState(Protocol):
     """Per-request state of an online tree algorithm: its builder reads it (and may note what it chose), and
@@ -51,12 +56,15 @@ class TreeState(Protocol):
 class TreeContext:
     """profile: the head's per-(depth, rank) acceptance (depth_rank_histogram, class_histogram, online_warmup
     before its warmup ends); prompt: for the routers; templates: None = the shipped `templates/shapes.json`;
-    state: the request's online state (`new_tree_state`), for online_warmup and template_bandit."""
+    state: the request's online state (`new_tree_state`), for online_warmup and template_bandit; redraft: this
+    round's second head pass (`Redraft`), set per round by the decoder and the engine for an algorithm
+    registered with `drafter=True` (path_conditional_refresh), its time counted as draft time."""
 
     profile: AcceptanceProfile | None = None
     prompt: PromptInfo | None = None
     templates: ShapeTemplates | None = None
     state: TreeState | None = None
+    redraft: Redraft | None = None
 
     @classmethod
     def for_request(cls, spec: "TreeSpec", *, profile: AcceptanceProfile | None = None,
@@ -69,6 +77,10 @@ class TreeContext:
     @property
     def shapes(self) -> ShapeTemplates:
         return self.templates if self.templates is not None else ShapeTemplates.shipped()
+
+    def with_redraft(self, redraft: Redraft | None) -> "TreeContext":
+        """This context for one round, with that round's second head pass (the online state is shared)."""
+        return replace(self, redraft=redraft)
 
     def state_of(self, algorithm: str) -> TreeState | None:
         """The online state if it belongs to `algorithm` (a round drafted with another algorithm ignores it)."""
