@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -60,7 +61,7 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
     """`concurrency` clients, each sending its next request when its last one finishes, until `requests`
     are done. Per request: latency (queue + prefill + decode), time to first token."""
     queue = [prompts[i % len(prompts)] for i in range(requests)]
-    arrival, first, latency, tokens = {}, {}, [], 0
+    arrival, first, latency, tokens, prefill_s = {}, {}, [], 0, 0.0
     t0 = time.perf_counter()
 
     def submit():
@@ -71,7 +72,9 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
         submit()
     done = 0
     while done < requests:
-        for event in engine.step():
+        events = engine.step()
+        prefill_s += engine.times.prefill
+        for event in events:
             now = time.perf_counter()
             tokens += len(event.tokens)
             if event.tokens and event.request_id not in first:
@@ -85,6 +88,7 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
     q = statistics.quantiles(latency, n=100) if len(latency) > 1 else latency * 99
     ttft = sorted(first.values())
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "requests": requests,
+            "prefill_s": prefill_s, "decode_tokens_per_s": tokens / max(seconds - prefill_s, 1e-9),
             "p50_s": statistics.median(latency), "p99_s": q[98], "ttft_p50_s": statistics.median(ttft),
             "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0])}
 
@@ -114,6 +118,34 @@ def admission_gaps(engine: Engine, stream_prompt: list[int], long_prompt: list[i
     p99 = during[min(len(during) - 1, int(0.99 * len(during)))] if during else float("nan")
     return {"median_gap_ms": statistics.median(gaps) * 1000, "p99_gap_while_admitting_ms": p99 * 1000,
             "admission_steps": len(during), "long_prompt_tokens": len(long_prompt)}
+
+
+def replica_rss(model: str, head: str, tree: TreeSpec, slots: int, new_tokens: int) -> dict:
+    """Peak RSS of what a Serve replica holds — the target, the head and one engine with every slot full —
+    measured in a fresh process (this one also holds the reference decoders, the cost curve and the earlier
+    engines): its `ru_maxrss` after decoding `slots` requests at once at the speculative setting."""
+    code = (
+        "import json, resource, sys\n"
+        "from jetflow.data import spread_prompts\n"
+        "from jetflow.decode import DecodeConfig, encode_prompt\n"
+        "from jetflow.engine import Engine, EngineConfig\n"
+        "from jetflow.head import HeadRef\n"
+        "from jetflow.target import TargetModel\n"
+        "from jetflow.tree import TreeSpec\n"
+        "model, head, tree, slots, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])\n"
+        "target = TargetModel.load(model)\n"
+        "h = HeadRef.parse(head).load(target).head\n"
+        "items = (spread_prompts('mtbench', slots) + spread_prompts('humaneval', slots))[:slots]\n"
+        "prompts = [encode_prompt(target.tokenizer, it.chat) for it in items]\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "engine = Engine(target, h, EngineConfig(max_slots=slots))\n"
+        "engine.generate(prompts, DecodeConfig(tree=TreeSpec.from_dict(tree), max_new_tokens=new))\n"
+        "print(json.dumps({'loaded_bytes': before * 1024, 'peak_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,"
+        " 'slots': slots, 'prompt_tokens': sum(map(len, prompts))}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, model, head, json.dumps(tree.to_dict()), str(slots),
+                           str(new_tokens)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,13 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, t in (("plain", TreeSpec(budget=1)), ("speculative", tree)):
         dec = Decoder(target, head)
         dec.generate(prompts[0], DecodeConfig(tree=t, max_new_tokens=4))
-        toks = secs = rounds = 0
+        toks = secs = rounds = prefill = 0
         step_ms = []
         for ids in prompts:
             g = dec.generate(ids, DecodeConfig(tree=t, max_new_tokens=args.new_tokens))
             toks, secs, rounds = toks + len(g.token_ids), secs + g.stats.decode_s, rounds + g.stats.rounds
+            prefill += g.stats.prefill_s
             step_ms.append(g.stats.decode_s / g.stats.rounds * 1000)
-        single[name] = {"tokens_per_s": toks / secs, "tau": toks / rounds, "round_ms": statistics.median(step_ms)}
+        # decode-only (what the Decoder reports) and end to end (prefill included, as the engine's closed loop is)
+        single[name] = {"tokens_per_s": toks / secs, "e2e_tokens_per_s": toks / (secs + prefill), "tau": toks / rounds,
+                        "round_ms": statistics.median(step_ms)}
     report["decoder"] = single
     # the old cost model's prediction at batch 1 (isolated verify t(N) + measured draft) for this head and tree
     old = measure_verify_curve(target, [tree.budget], head=head)
@@ -186,10 +221,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # predicted vs measured speedup of the speculative mode over plain, per concurrency
     pred = {}
+    mean_prompt = statistics.mean(len(p) - 1 for p in prompts)  # the last prompt token is fed by the first decode step
     for c in levels:
         measured = results["speculative"][c]["tokens_per_s"] / results["plain"][c]["tokens_per_s"]
-        pred[str(c)] = {"measured": measured, "predicted": curve.speedup(c, tree.budget, single["speculative"]["tau"])}
+        pred[str(c)] = {"measured": measured,
+                        "predicted_decode_only": curve.speedup(c, tree.budget, single["speculative"]["tau"]),
+                        "predicted": curve.serving_speedup(c, tree.budget, single["speculative"]["tau"], mean_prompt,
+                                                           args.new_tokens)}
     report["prediction"] = pred
+
+    report["replica_rss"] = replica_rss(args.model, args.head, tree, max(levels), args.new_tokens)
 
     engine = Engine(target, None, EngineConfig(max_slots=2, cost_curve=curve))
     long_prompt = [(17 * i + 3) % target.vocab_size for i in range(args.long_prompt)]
@@ -227,8 +268,9 @@ def markdown(report: dict, levels: list[int]) -> str:
              f"Reference Decoder, one stream: plain {dec['plain']['tokens_per_s']:.1f} tok/s; speculative "
              f"{dec['speculative']['tokens_per_s']:.1f} tok/s (τ {dec['speculative']['tau']:.2f}).", "",
              "| concurrency | plain tok/s | spec tok/s | auto tok/s | auto / best | plain p50 / p99 s | spec p50 / p99 s | "
-             "auto p50 / p99 s | TTFT p50 plain / spec / auto s | spec/plain measured | predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "auto p50 / p99 s | TTFT p50 plain / spec / auto s | spec/plain measured | predicted (decode only) | "
+             "plain decode-only tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels:
         k = str(c)
         p, s, a = res["plain"][k], res["speculative"][k], res["auto"][k]
@@ -238,17 +280,25 @@ def markdown(report: dict, levels: list[int]) -> str:
                      f"{a['tokens_per_s'] / best:.2f} | {p['p50_s']:.2f} / {p['p99_s']:.2f} | "
                      f"{s['p50_s']:.2f} / {s['p99_s']:.2f} | {a['p50_s']:.2f} / {a['p99_s']:.2f} | "
                      f"{p['ttft_p50_s']:.2f} / {s['ttft_p50_s']:.2f} / {a['ttft_p50_s']:.2f} | "
-                     f"{pr['measured']:.2f}x | {pr['predicted']:.2f}x |")
+                     f"{pr['measured']:.2f}x | {pr['predicted']:.2f}x ({pr['predicted_decode_only']:.2f}x) | "
+                     f"{p['decode_tokens_per_s']:.1f} |")
     adm = report["admission"]
-    lines += ["", f"Plain at concurrency 8 vs the single-stream Decoder: "
-              f"{res['plain'].get('8', {}).get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x. "
+    c8 = res['plain'].get('8', {})
+    rss = report["replica_rss"]
+    lines += ["", f"Plain at concurrency 8 vs the single-stream Decoder: end to end (prefill included in both) "
+              f"{c8.get('tokens_per_s', float('nan')) / dec['plain']['e2e_tokens_per_s']:.2f}x "
+              f"({dec['plain']['e2e_tokens_per_s']:.1f} tok/s alone); decode only (prefill steps excluded in both) "
+              f"{c8.get('decode_tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x; the engine's "
+              f"end-to-end over the Decoder's decode-only {c8.get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x. "
               f"At concurrency 1, engine plain / Decoder plain: "
               f"{res['plain'].get('1', {}).get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}, "
               f"speculative: {res['speculative'].get('1', {}).get('tokens_per_s', float('nan')) / dec['speculative']['tokens_per_s']:.2f}.",
               f"Admitting a {adm['long_prompt_tokens']}-token prompt beside a running stream: its median gap "
               f"{adm['median_gap_ms']:.0f} ms, p99 gap while admitting {adm['p99_gap_while_admitting_ms']:.0f} ms "
               f"({adm['admission_steps']} steps).",
-              f"Peak RSS (every slot full at the highest concurrency): {report['peak_rss_bytes'] / 2 ** 30:.2f} GiB.",
+              f"Peak RSS of a replica (a fresh process: target, head, one engine with all {rss['slots']} slots "
+              f"full): {rss['peak_bytes'] / 2 ** 30:.2f} GiB ({rss['loaded_bytes'] / 2 ** 30:.2f} GiB once loaded); "
+              f"of this whole benchmark process: {report['peak_rss_bytes'] / 2 ** 30:.2f} GiB.",
               f"Isolated-t(N) cost model at batch 1 predicted {report['isolated_curve_prediction_b1']:.2f}x for the "
               f"speculative mode; the step-cost model predicts {report['prediction'][str(levels[0])]['predicted']:.2f}x, "
               f"measured {report['prediction'][str(levels[0])]['measured']:.2f}x."]

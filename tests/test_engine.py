@@ -144,6 +144,18 @@ def test_step_cost_curve_interpolates_between_measured_points():
     assert StepCostCurve.from_dict(curve.to_dict()) == curve
 
 
+def test_the_serving_prediction_counts_each_requests_prefill_in_both_modes():
+    """Per request: new_tokens / τ steps of B rows (its share: T / B each) plus its prompt's prefill — the same
+    with or without speculation — so a costlier prefill pulls the predicted speedup toward 1."""
+    steps = _curve(lambda b, n: 10.0 * b + n)
+    assert steps.serving_speedup(4, 8, 2.0, 150, 64) == pytest.approx(steps.speedup(4, 8, 2.0))  # no prefill known
+    curve = StepCostCurve.from_dict({**steps.to_dict(), "prefill_ms_per_token": 0.5})
+    plain, spec = 64 * 41 / 4 + 150 * 0.5, 64 / 2.0 * 48 / 4 + 150 * 0.5
+    assert curve.serving_speedup(4, 8, 2.0, 150, 64) == pytest.approx(plain / spec)
+    assert 1 < curve.serving_speedup(4, 8, 2.0, 150, 64) < steps.speedup(4, 8, 2.0)
+    assert StepCostCurve.from_dict(curve.to_dict()) == curve
+
+
 def test_auto_policy_speculates_alone_goes_plain_under_load_and_waits_before_switching(one_thread):
     from jetflow.engine.auto import AutoPolicy
 
@@ -257,3 +269,40 @@ def test_bf16_on_cpu_runs_and_every_engine_buffer_has_the_targets_device_and_dty
     if not torch.cuda.is_available():
         with pytest.raises(Exception, match="no CUDA GPU"):
             placement("cuda")
+
+
+@pytest.mark.slow
+def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_path):
+    """benchmarks/engine.py end to end, tiny: every mode at two concurrency levels, the Decoder's decode-only
+    and end-to-end rates, the prediction with and without prefill, and a replica's RSS from a fresh process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from jetflow.paths import models_dir
+
+    root = Path(__file__).resolve().parents[1]
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(models_dir(), target_is_directory=True)
+    env = {**os.environ, "JETFLOW_HOME": str(home), "OMP_NUM_THREADS": "2",
+           "PYTHONPATH": str(root / "platform") + os.pathsep + str(root)}
+    result = subprocess.run([sys.executable, str(root / "benchmarks" / "engine.py"), "--head", "random", "--budget", "4",
+                             "--concurrency", "1,2", "--requests", "2", "--prompts", "1", "--new-tokens", "4",
+                             "--long-prompt", "32", "--no-mlflow", "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    plain = report["decoder"]["plain"]
+    assert 0 < plain["e2e_tokens_per_s"] < plain["tokens_per_s"]
+    for mode in ("plain", "speculative", "auto"):
+        for level in ("1", "2"):
+            r = report["results"][mode][level]
+            assert r["tokens"] == 2 * 4 and r["decode_tokens_per_s"] >= r["tokens_per_s"] > 0
+    assert report["step_curve"]["prefill_ms_per_token"] > 0
+    assert {"measured", "predicted", "predicted_decode_only"} <= set(report["prediction"]["2"])
+    rss = report["replica_rss"]
+    assert rss["slots"] == 2 and rss["peak_bytes"] >= rss["loaded_bytes"] > 100 * 2 ** 20
+    assert "Peak RSS of a replica" in (tmp_path / "out" / "report.md").read_text()

@@ -7,6 +7,11 @@ so predictions from t(N) ran 0.1-0.4x above the measured speedup (BENCHMARKS.md)
 end carries all of it; the prediction for B rows at budget N is then
 
     tokens/s(B, N) = Σ_rows τ_row(N) / T(B, N),        speedup over plain = that / (B / T(B, 1)).
+
+Serving adds prompts: under a closed loop every request also costs its prompt's prefill, the same in every
+mode, which dilutes the decode speedup toward 1 as the batch grows (at 8-16 rows on 2 CPU cores a
+150-token prompt costs about as much as the request's 64 decoded tokens). `serving_speedup` counts it from
+the measured prefill cost per prompt token.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class StepCostCurve:
     batch: tuple[int, ...]
     nodes: tuple[int, ...]
     ms: tuple[tuple[float, ...], ...]
+    prefill_ms_per_token: float = 0.0    # one prompt of `context` tokens prefilled alone, per token (0: unknown)
 
     def __post_init__(self) -> None:
         if not self.batch or not self.nodes or self.nodes[0] != 1:
@@ -65,6 +71,15 @@ class StepCostCurve:
         """Predicted tokens/s of B rows at budget N with mean τ, over plain decoding of the same B rows."""
         return tau * self.step_ms(batch, 1) / self.step_ms(batch, nodes)
 
+    def serving_speedup(self, batch: int, nodes: int, tau: float, prompt_tokens: float, new_tokens: float) -> float:
+        """`speedup` for requests that each bring `prompt_tokens` of prompt and ask for `new_tokens`, served B at
+        a time: per request, its share of the decode steps (new_tokens / τ steps of B rows) plus its prefill,
+        which costs the same with or without speculation."""
+        prefill = prompt_tokens * self.prefill_ms_per_token
+        plain = new_tokens * self.step_ms(batch, 1) / batch + prefill
+        spec = new_tokens / max(tau, 1e-9) * self.step_ms(batch, nodes) / batch + prefill
+        return plain / spec
+
     def to_dict(self) -> dict:
         return {**asdict(self), "batch": list(self.batch), "nodes": list(self.nodes), "ms": [list(r) for r in self.ms]}
 
@@ -72,7 +87,7 @@ class StepCostCurve:
     def from_dict(cls, d: dict) -> "StepCostCurve":
         try:
             return cls(str(d["device"]), int(d["context"]), tuple(d["batch"]), tuple(d["nodes"]),
-                       tuple(tuple(float(x) for x in r) for r in d["ms"]))
+                       tuple(tuple(float(x) for x in r) for r in d["ms"]), float(d.get("prefill_ms_per_token", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSettingError(f"not a step cost curve ({exc}); it needs device, context, batch, nodes, ms") from None
 
@@ -92,7 +107,8 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     """Time engine steps on this device: B rows of `context` random tokens each, every row drafting an
     N-node accum_logp tree with `head` (a random head is fine: it is the shapes that cost, and a walk that
     accepts little still pays every forward), decoding until `repeats` timed steps are done after a warm-up
-    step. Trees keep their size whatever is accepted, so every timed step verifies B x N nodes."""
+    step. Trees keep their size whatever is accepted, so every timed step verifies B x N nodes. The prefill
+    cost per prompt token is the median over the single-row prefills of the `context`-token prompts."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine.engine import Engine, EngineConfig
     from jetflow.eval.cost_model import device_name
@@ -101,7 +117,7 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     batch = sorted(set(batch))
     nodes = sorted(set(nodes) | {1}) if head is not None else [1]
     vocab = target.vocab_size
-    rows_ms = []
+    rows_ms, prefill_ms = [], []
     for b in batch:
         engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b))
         line = []
@@ -111,8 +127,11 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
                                max_new_tokens=engine.max_len - context - (head.config.block_size if head else 0) - 2)
             prompts = [[(17 * r + 31 * i + 5) % vocab for i in range(context + 1)] for r in range(b)]
             ids = [engine.add(p, cfg) for p in prompts]
+            t0 = time.perf_counter()
             while engine.prefilling or engine.waiting:
                 engine.step()
+            if b == 1:
+                prefill_ms.append((time.perf_counter() - t0) * 1000 / context)
             engine.step()  # warm-up
             samples = []
             for _ in range(repeats):
@@ -124,7 +143,8 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
             engine.step()
             line.append(statistics.median(samples))
         rows_ms.append(tuple(line))
-    return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms))
+    return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms),
+                         statistics.median(prefill_ms) if prefill_ms else 0.0)
 
 
 def cached_step_curve(target, head, max_slots: int, max_budget: int, context: int = 200) -> StepCostCurve:
@@ -142,7 +162,8 @@ def cached_step_curve(target, head, max_slots: int, max_budget: int, context: in
     nodes = sorted({1} | {n for n in (4, 8, 16, 32, 64, 128, 256) if n <= max(max_budget, 4)})
     identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
                 "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
-                "context": context, "head": head.config.to_dict() if head is not None else None}
+                "context": context, "head": head.config.to_dict() if head is not None else None,
+                "measures": "steps+prefill"}  # a curve cached before the prefill term was measured is re-measured
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = jetflow_home() / "cost" / f"steps-{key}.json"
     if path.is_file():

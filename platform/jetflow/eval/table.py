@@ -46,8 +46,14 @@ def markdown_table(rows: Sequence[Mapping], columns: Sequence[str | tuple[str, s
 
 
 def rows_table(rows: Sequence[Mapping]) -> str:
-    """One markdown line per report row (speedups decode-only; e2e includes prefill)."""
-    return markdown_table(rows, COLUMNS).rstrip("\n")
+    """One markdown line per report row (speedups decode-only; e2e includes prefill); an algorithm run with
+    parameters shows them as on the command line (`top2gap:margin=1.5`)."""
+    def named(r: Mapping) -> Mapping:
+        params = (r.get("tree") or {}).get("params") or {}
+        suffix = "".join(f":{k}={v:g}" for k, v in sorted(params.items()))
+        return {**r, "algorithm": f"{r['algorithm']}{suffix}"} if suffix else r
+
+    return markdown_table([named(r) for r in rows], COLUMNS).rstrip("\n")
 
 
 def curve_table(curve: Mapping) -> str:
