@@ -120,31 +120,31 @@ def admission_gaps(engine: Engine, stream_prompt: list[int], long_prompt: list[i
             "admission_steps": len(during), "long_prompt_tokens": len(long_prompt)}
 
 
-def replica_rss(model: str, head: str, tree: TreeSpec, slots: int, new_tokens: int) -> dict:
+def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]], slots: int, new_tokens: int) -> dict:
     """Peak RSS of what a Serve replica holds — the target, the head and one engine with every slot full —
-    measured in a fresh process (this one also holds the reference decoders, the cost curve and the earlier
-    engines): its `ru_maxrss` after decoding `slots` requests at once at the speculative setting."""
+    measured in a fresh process (this one also holds the prompt sets, the reference decoders, the cost curve
+    and the earlier engines): its `ru_maxrss` after decoding `slots` requests at once at the speculative
+    setting. The prompts' token ids come on stdin, so the child never loads a prompt set."""
     code = (
         "import json, resource, sys\n"
-        "from jetflow.data import spread_prompts\n"
-        "from jetflow.decode import DecodeConfig, encode_prompt\n"
+        "from jetflow.decode import DecodeConfig\n"
         "from jetflow.engine import Engine, EngineConfig\n"
         "from jetflow.head import HeadRef\n"
         "from jetflow.target import TargetModel\n"
         "from jetflow.tree import TreeSpec\n"
-        "model, head, tree, slots, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])\n"
+        "model, head, tree, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])\n"
+        "prompts = json.load(sys.stdin)\n"
         "target = TargetModel.load(model)\n"
         "h = HeadRef.parse(head).load(target).head\n"
-        "items = (spread_prompts('mtbench', slots) + spread_prompts('humaneval', slots))[:slots]\n"
-        "prompts = [encode_prompt(target.tokenizer, it.chat) for it in items]\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "engine = Engine(target, h, EngineConfig(max_slots=slots))\n"
+        "engine = Engine(target, h, EngineConfig(max_slots=len(prompts)))\n"
         "engine.generate(prompts, DecodeConfig(tree=TreeSpec.from_dict(tree), max_new_tokens=new))\n"
         "print(json.dumps({'loaded_bytes': before * 1024, 'peak_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,"
-        " 'slots': slots, 'prompt_tokens': sum(map(len, prompts))}))\n"
+        " 'slots': len(prompts), 'prompt_tokens': sum(map(len, prompts))}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, model, head, json.dumps(tree.to_dict()), str(slots),
-                           str(new_tokens)], capture_output=True, text=True, check=True)
+    batch = [prompts[i % len(prompts)] for i in range(slots)]
+    done = subprocess.run([sys.executable, "-c", code, model, head, json.dumps(tree.to_dict()), str(new_tokens)],
+                          input=json.dumps(batch), capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            args.new_tokens)}
     report["prediction"] = pred
 
-    report["replica_rss"] = replica_rss(args.model, args.head, tree, max(levels), args.new_tokens)
+    report["replica_rss"] = replica_rss(args.model, args.head, tree, prompts, max(levels), args.new_tokens)
 
     engine = Engine(target, None, EngineConfig(max_slots=2, cost_curve=curve))
     long_prompt = [(17 * i + 3) % target.vocab_size for i in range(args.long_prompt)]
@@ -290,9 +290,11 @@ def markdown(report: dict, levels: list[int]) -> str:
               f"({dec['plain']['e2e_tokens_per_s']:.1f} tok/s alone); decode only (prefill steps excluded in both) "
               f"{c8.get('decode_tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x; the engine's "
               f"end-to-end over the Decoder's decode-only {c8.get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}x. "
-              f"At concurrency 1, engine plain / Decoder plain: "
-              f"{res['plain'].get('1', {}).get('tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}, "
-              f"speculative: {res['speculative'].get('1', {}).get('tokens_per_s', float('nan')) / dec['speculative']['tokens_per_s']:.2f}.",
+              f"At concurrency 1, engine / Decoder end to end: plain "
+              f"{res['plain'].get('1', {}).get('tokens_per_s', float('nan')) / dec['plain']['e2e_tokens_per_s']:.2f}, "
+              f"speculative {res['speculative'].get('1', {}).get('tokens_per_s', float('nan')) / dec['speculative']['e2e_tokens_per_s']:.2f}; "
+              f"decode only: plain {res['plain'].get('1', {}).get('decode_tokens_per_s', float('nan')) / dec['plain']['tokens_per_s']:.2f}, "
+              f"speculative {res['speculative'].get('1', {}).get('decode_tokens_per_s', float('nan')) / dec['speculative']['tokens_per_s']:.2f}.",
               f"Admitting a {adm['long_prompt_tokens']}-token prompt beside a running stream: its median gap "
               f"{adm['median_gap_ms']:.0f} ms, p99 gap while admitting {adm['p99_gap_while_admitting_ms']:.0f} ms "
               f"({adm['admission_steps']} steps).",
