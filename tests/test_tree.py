@@ -205,11 +205,13 @@ def top2gap_caps(logp, margin: float, width: int | None = None) -> list[int]:
     return [max(1, sum(1 for r in range(w) if row[0] - row[r] <= margin)) for row in logp]
 
 
-def paper_rule(root: int, logp, tokens, budget: int, caps: list[int]) -> DraftTree:
+def paper_rule(root: int, logp, tokens, budget: int, caps: list[int], rows=None) -> DraftTree:
     """The paper's tree rule (METHOD §3.2, JetSpec's accum_logp heap) stated without a heap: while the tree
     has fewer than `budget` nodes, take the not-yet-expanded node of depth < D with the highest cumulative
     log-prob — ties: the one created first — and append its children, ranks 0 .. min(caps[d], budget - size)
-    - 1 of the next depth, each scored parent + log-prob. Stop when nothing is left to expand."""
+    - 1 of the next depth, each scored parent + log-prob. Stop when nothing is left to expand. `rows(tree,
+    node)`, when given, says which (log-probs, tokens) row a node's children come from (default: the row of
+    their depth)."""
     tree = DraftTree.root_only(root)
     expanded: set[int] = set()
     while tree.size < budget:
@@ -219,8 +221,9 @@ def paper_rule(root: int, logp, tokens, budget: int, caps: list[int]) -> DraftTr
         best = max(candidates, key=lambda i: (tree.scores[i], -i))
         expanded.add(best)
         d = tree.depths[best]
+        lp, tok = rows(tree, best) if rows is not None else (logp[d], tokens[d])
         for r in range(min(caps[d], budget - tree.size)):
-            tree.add(tokens[d][r], best, tree.scores[best] + logp[d][r], r)
+            tree.add(tok[r], best, tree.scores[best] + lp[r], r)
     return tree
 
 

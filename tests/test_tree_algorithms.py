@@ -476,26 +476,18 @@ class FakeRedraft:
 
 
 def refresh_rule(root: int, logp, tokens, budget: int, k: int, refreshed: dict) -> DraftTree:
-    """path_conditional_refresh stated without a heap: the paper's rule (`paper_rule`) — while the tree has
-    fewer than `budget` nodes, expand the not-yet-expanded node of depth < D with the best cumulative log-prob
-    (ties: created first), appending ranks 0 .. min(k, budget - size) - 1 — where the children of a node
-    below the depth-1 token of rank r come from refreshed[r]'s row of their depth when r was refreshed."""
-    tree = DraftTree.root_only(root)
-    expanded: set[int] = set()
-    while tree.size < budget:
-        open_ = [i for i in range(tree.size) if i not in expanded and tree.depths[i] < len(logp)]
-        if not open_:
-            break
-        best = max(open_, key=lambda i: (tree.scores[i], -i))
-        expanded.add(best)
-        d = tree.depths[best]
-        top = tree.path_to(best)[1:2]  # the depth-1 ancestor (or itself), none for the root
+    """path_conditional_refresh stated without a heap: the paper's rule (`paper_rule`) at fanout k, where the
+    children of a node below the depth-1 token of rank r come from refreshed[r]'s row of their depth when r
+    was refreshed."""
+    def rows(tree: DraftTree, node: int):
+        d = tree.depths[node]
+        top = tree.path_to(node)[1:2]  # the depth-1 ancestor (or the node itself); none for the root
         branch = tree.ranks[top[0]] if top else None
-        lp, tok = (refreshed[branch][0][d - 1], refreshed[branch][1][d - 1]) if branch in refreshed else (
-            logp[d], tokens[d])
-        for r in range(min(k, budget - tree.size)):
-            tree.add(tok[r], best, tree.scores[best] + lp[r], r)
-    return tree
+        if branch in refreshed:
+            return refreshed[branch][0][d - 1], refreshed[branch][1][d - 1]
+        return logp[d], tokens[d]
+
+    return paper_rule(root, logp, tokens, budget, [k] * len(logp), rows)
 
 
 @FAST
