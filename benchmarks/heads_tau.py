@@ -28,10 +28,12 @@ from jetflow.tree import TreeSpec
 
 
 def parse_settings(text: str, width: int) -> list[TreeSpec]:
+    """ALGORITHM:BUDGET items; the algorithm may carry its parameters as on the command line
+    (`top2gap:margin=1.5:16`)."""
     out = []
     for item in text.split(","):
         algorithm, _, budget = item.strip().rpartition(":")
-        out.append(TreeSpec(algorithm or "accum_logp", int(budget), width))
+        out.append(TreeSpec.from_options(algorithm or "accum_logp", int(budget), width))
     return out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -64,6 +64,21 @@ def request_tree_context(head: DraftHead | None, tokenizer, prompt_ids: Sequence
     text = tokenizer.decode(list(prompt_ids), skip_special_tokens=True) if tokenizer is not None else None
     return TreeContext.for_request(cfg.tree, profile=head.tree_profile, prompt=PromptInfo(task=task, text=text),
                                    seed=cfg.seed or 0)
+
+
+def round_tree_context(context: TreeContext | None, spec, stats: DecodeStats,
+                       second_pass: Callable[[Sequence[int]], tuple[list, list]]) -> TreeContext | None:
+    """A request's tree context for one round — the reference decoder's and the engine's alike: with the
+    head's second pass (`second_pass(depth-1 tokens)` → rows of depths 2..D per token) when the round's
+    algorithm calls one (path_conditional_refresh), each call counted in `stats.redrafts`."""
+    if context is None or not TREE_BUILDERS[spec.algorithm].drafter:
+        return context
+
+    def redraft(branches: Sequence[int]):
+        stats.redrafts += 1
+        return second_pass(branches)
+
+    return context.with_redraft(redraft)
 
 
 def commit_tokens(generated: list[int], tokens: Sequence[int], cfg: DecodeConfig, stop_ids: set[int],
@@ -247,20 +262,15 @@ class Decoder:
         return top.values.tolist(), self.head.to_target_ids(top.indices).tolist()
 
     def _round_context(self, state: DecodeState, cfg: DecodeConfig, spent: list[float]) -> TreeContext | None:
-        """The request's tree context for this round: with the second head pass when its algorithm calls
-        one (its seconds are added to `spent`, counted as draft time)."""
-        context = state.tree_context
-        if context is None or not TREE_BUILDERS[cfg.tree.algorithm].drafter:
-            return context
-
-        def redraft(branches: Sequence[int]):
+        """The request's tree context for this round (`round_tree_context`); the second head pass's seconds
+        are added to `spent`, counted as draft time."""
+        def second_pass(branches: Sequence[int]):
             t0 = time.perf_counter()
             rows = self.draft(state, cfg, branches)
             spent[0] += self._now() - t0
-            state.stats.redrafts += 1
             return rows
 
-        return context.with_redraft(redraft)
+        return round_tree_context(state.tree_context, cfg.tree, state.stats, second_pass)
 
     def _round(self, state: DecodeState, cfg: DecodeConfig) -> None:
         target, stats, dev, past = self.target, state.stats, self.target.device, state.past

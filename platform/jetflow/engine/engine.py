@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
-from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context
+from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context, round_tree_context
 from jetflow.engine.kv import SlotKV, TargetKV
 from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.tree import MAX_BUDGET, TREE_BUILDERS, DraftTree, build_tree, observe, walker
+from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, observe, walker
 
 
 @dataclass
@@ -359,19 +359,12 @@ class Engine:
         self._decode_ms = (t3 - t0) * 1000
         self.policy.observe(rows, trees, committed, self.times)
 
-    def _round_context(self, i: int, tree) -> object:
-        """Running row `i`'s tree context for this step: with the second head pass when its algorithm calls
-        one (`_redraft`; inside the step's draft time)."""
+    def _round_context(self, i: int, tree):
+        """Running row `i`'s tree context for this step (`round_tree_context`; the second head pass is
+        `_redraft`, inside the step's draft time)."""
         seq = self.running[i]
-        context = seq.tree_context
-        if context is None or not TREE_BUILDERS[tree.algorithm].drafter:
-            return context
-
-        def redraft(branches):
-            seq.stats.redrafts += 1
-            return self._redraft(i, tree.width, branches)
-
-        return context.with_redraft(redraft)
+        return round_tree_context(seq.tree_context, tree, seq.stats,
+                                  lambda branches: self._redraft(i, tree.width, branches))
 
     def _draft(self, idx: list[int], trees: list) -> tuple[list, list]:
         """One batched head forward for running rows `idx` → per row the top-W (log-probs, tokens) of each
