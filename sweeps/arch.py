@@ -19,6 +19,7 @@ import sys
 from jetflow.config_cli import add_dataclass_args, build_config, parse_args
 from jetflow.errors import JetFlowError
 from jetflow.sweeps.arch import ArchSweepConfig, run_arch_sweep, summary_table
+from jetflow.sweeps.cluster import report_trial_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"challenger: v{out.challenger}" if out.challenger else "no finished lossless trial: challenger unchanged")
     print(f"{len(out.rows)} trials in {out.seconds / 60:.1f} min; MLflow parent run {out.parent_run_id} "
           "(its trials' training runs nest under it)")
-    return 0
+    report_trial_errors("arch sweep", out.errors)
+    return 1 if out.errors else 0
 
 
 if __name__ == "__main__":

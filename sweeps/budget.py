@@ -19,6 +19,7 @@ import sys
 from jetflow.config_cli import add_dataclass_args, build_config, parse_args
 from jetflow.errors import JetFlowError
 from jetflow.main_job import MainJobConfig, run_main_job
+from jetflow.sweeps.cluster import report_trial_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sweep = out.sweep
     print(summary_table(sweep.rows, sweep.best))
+    report_trial_errors("budget sweep", sweep.errors)
     if sweep.best is None:
         print(f"no lossless trial finished for {sweep.head.label}")
         return 1
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     trained = f"; training before it {out.train_seconds / 60:.1f} min" if out.trained else ""
     print(f"MLflow parent run {sweep.parent_run_id}; {len(sweep.rows)} trials in {sweep.seconds / 60:.1f} min"
           f"{trained}; {out.seconds / 60:.1f} min in all")
-    return 0
+    return 1 if sweep.errors else 0
 
 
 if __name__ == "__main__":

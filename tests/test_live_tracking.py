@@ -98,6 +98,46 @@ def ray_cluster():
     ray.shutdown()
 
 
+def _log_inputs_at_the_barrier(run_ids: list[str], features: str, barrier, results) -> None:
+    """A training's first MLflow write of its data, in its own process: the same datasets for each run of
+    `run_ids`, each started at `barrier` together with the other process."""
+    from jetflow.tracking.datasets import log_training_inputs, training_datasets
+
+    for run_id in run_ids:
+        barrier.wait(timeout=60)
+        try:
+            log_training_inputs(run_id, training_datasets(Path(features)))
+            results.put(("ok", run_id))
+        except Exception as e:  # noqa: BLE001  (the parent asserts on what happened)
+            results.put((f"{type(e).__name__}: {str(e)[:300]}", run_id))
+
+
+def test_trainings_that_start_together_both_log_the_same_new_datasets(store, data):
+    """Two arch-sweep trials begin their training runs at the same moment, with the same data: MLflow's
+    store looks for a dataset and then inserts it, so one of the two meets the other's row. Each round here
+    is a fresh experiment (datasets are rows per experiment), so each round is a new race."""
+    import multiprocessing as mp
+
+    _, features = data
+    c = client()
+    rounds = [[c.create_run(c.create_experiment(f"race-{os.getpid()}-{i}")).info.run_id,
+               c.create_run(c.get_experiment_by_name(f"race-{os.getpid()}-{i}").experiment_id).info.run_id]
+              for i in range(4)]
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_log_inputs_at_the_barrier, args=([r[k] for r in rounds], str(features), barrier, results))
+             for k in range(2)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=300) for _ in range(2 * len(rounds))]
+    for p in procs:
+        p.join(timeout=60)
+    assert [o for o, _ in outcomes if o != "ok"] == []
+    for pair in rounds:
+        inputs = [sorted(run_datasets(c.get_run(run_id))) for run_id in pair]
+        assert inputs[0] == inputs[1] and {ctx for ctx, _, _ in inputs[0]} == {"training", "features"}
+
+
 # --------------------------------------------------------------------------- under Ray Train
 def test_a_ray_train_training_is_one_live_run_with_a_point_per_step_its_datasets_and_system_metrics(
         store, data, model_dir, ray_cluster, tmp_path, capsys):

@@ -127,6 +127,7 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
     try:
         job = run_main_job(cfg)
         out = job.sweep
+        assert out.errors == {}
         assert len(out.rows) == 4 and job.stored and not job.trained  # 2 tree + 2 chain settings
         children = client().search_runs([r.info.experiment_id for r in [client().get_run(out.parent_run_id)]],
                                         f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")
@@ -268,6 +269,7 @@ def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_
         out = run_arch_sweep(cfg)
     finally:
         ray.shutdown()
+    assert out.errors == {}
     assert sorted(r["causal"] for r in out.rows) == [False, True]
     assert all(r["tree_tau"] >= 1.0 and r["step"] >= 2 for r in out.rows)
     assert len(out.finalists) == 1 and out.finalists[0]["lossless"] == 1.0
@@ -275,6 +277,39 @@ def test_arch_sweep_trains_trials_under_asha_and_registers_the_best_finalist_as_
     assert str(client().get_registered_model(name).aliases[CHALLENGER]) == out.challenger == out.finalists[0]["version"]
     assert Path(out.finalists[0]["head_dir"]).parent == tmp_path / "heads"
     assert (Path(out.finalists[0]["head_dir"]) / "model.safetensors").exists()
+
+
+def _a_trial_that_fails_for_x_2(config: dict) -> None:
+    from ray import tune
+
+    if config["x"] == 2:
+        raise ValueError("budget 2 is out of range for this head")
+    tune.report({"score": float(config["x"])})
+
+
+def test_a_sweep_names_each_errored_trial_with_its_own_exception_and_where_tune_kept_it(tmp_path, capsys):
+    """Real Tune trials, one of which raises: the sweep's outcome keeps that trial's error (the trial's own
+    exception at its end) and the script prints it with the path of Tune's error.txt."""
+    import ray
+    from ray import tune
+
+    from jetflow.sweeps.cluster import report_trial_errors, trial_errors
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        grid = tune.Tuner(_a_trial_that_fails_for_x_2, param_space={"x": tune.grid_search([1, 2])},
+                          run_config=tune.RunConfig(name="errors", storage_path=str(tmp_path), verbose=0)).fit()
+    finally:
+        ray.shutdown()
+    errors = trial_errors(grid)
+    assert len(errors) == 1
+    (path, error), = errors.items()
+    assert "x=2" in Path(path).name and (Path(path) / "error.txt").exists()
+    assert error.splitlines()[-1] == "ValueError: budget 2 is out of range for this head"
+    report_trial_errors("budget sweep", errors)
+    err = capsys.readouterr().err
+    assert f"budget sweep: trial {Path(path).name} failed (whole error: {path}/error.txt)" in err
+    assert err.rstrip().endswith("ValueError: budget 2 is out of range for this head")
 
 
 def test_the_sweeps_picture_rows_carry_each_set_and_concurrency_with_the_cost_models_prediction():

@@ -141,7 +141,12 @@ class ArchOutcome:
     challenger: str | None            # registered version now aliased `challenger`
     seconds: float = 0.0
     parent_run_id: str | None = None  # the sweep's MLflow parent run
-    failed: int = 0                   # trials that ended in an error
+    errors: dict[str, str] = field(default_factory=dict)  # trial folder -> the error it ended in
+
+    @property
+    def failed(self) -> int:
+        """Trials that ended in an error (the parent run is then FAILED)."""
+        return len(self.errors)
 
 
 def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> ArchOutcome:
@@ -166,6 +171,7 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
+    from jetflow.sweeps.cluster import trial_errors
     from jetflow.tracking.store import tracking_uri
 
     features = prepare_features(cfg)
@@ -204,7 +210,7 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
     challenger = finalists[0]["version"] if finalists and finalists[0].get("version") else None
     _log_parent(parent, cfg, rows, histories)
     return ArchOutcome(rows=rows, finalists=finalists, challenger=challenger, parent_run_id=parent,
-                       failed=sum(res.error is not None for res in grid))
+                       errors=trial_errors(grid))
 
 
 def setting_label(row: dict, keys: list[str]) -> str:

@@ -197,6 +197,7 @@ class SweepOutcome:
     seconds: float = 0.0
     budget_table: dict[int, int] = field(default_factory=dict)      # concurrency → best budget (1 = plain)
     tau_by_budget: dict[int, float] = field(default_factory=dict)   # the best tree's kind: budget → τ
+    errors: dict[str, str] = field(default_factory=dict)            # trial folder → the error it ended in
 
     @property
     def best_tree(self) -> TreeSpec | None:
@@ -303,7 +304,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     """Run (or resume) the sweep of `head`: one Tune trial per setting, an MLflow child run each."""
     from ray import tune
 
-    from jetflow.sweeps.cluster import init_ray
+    from jetflow.sweeps.cluster import init_ray, trial_errors
     from jetflow.tracking import tracking_uri
     from jetflow.tracking.plots import budget_sweep_figures
     from jetflow.tracking.runs import log_figures
@@ -339,7 +340,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
                      **{k: res.metrics[k] for k in ("tau", "speedup", "e2e_speedup", "tokens_per_s",
                                                     "ar_tokens_per_s", "lossless", "mlflow_run_id")},
                      **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c", "tau@"))}})
-    failed = sum(1 for res in grid if res.error is not None)
+    errors = trial_errors(grid)
     best = pick_best(rows, cfg.select)
     table = budget_by_concurrency(rows, best) if best is not None else {}
     c = client()
@@ -352,6 +353,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
             c.set_tag(parent, f"jetflow.best.{k}", str(best[k]))
         for level, budget in table.items():
             c.log_metric(parent, f"best_budget_c{level}", float(budget))
-    c.set_terminated(parent, "FINISHED" if failed == 0 else "FAILED")
+    c.set_terminated(parent, "FAILED" if errors else "FINISHED")
     return SweepOutcome(head=head, rows=rows, best=best, parent_run_id=parent, seconds=time.perf_counter() - t0,
-                        budget_table=table, tau_by_budget=tau_by_budget(rows, best) if best is not None else {})
+                        budget_table=table, tau_by_budget=tau_by_budget(rows, best) if best is not None else {},
+                        errors=errors)

@@ -10,12 +10,14 @@ This module reads the data folders' files; it never writes them (they belong to 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
 from mlflow.types.schema import Array, ColSpec, DataType, Schema, TensorSpec
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -127,13 +129,24 @@ def training_datasets(features: Any) -> list[tuple[FolderDataset, str]]:
     return [(regen, REGEN_CONTEXT), (cache, FEATURES_CONTEXT)]
 
 
-def log_training_inputs(run_id: str, datasets: list[tuple[FolderDataset, str]]) -> None:
+def log_training_inputs(run_id: str, datasets: list[tuple[FolderDataset, str]], attempts: int = 4) -> None:
     """Attach datasets to a run as inputs with their context (`mlflow.data.context`), as `mlflow.log_input`
-    does; logging the same dataset again (a resumed training) adds nothing."""
+    does; logging the same dataset again (a resumed training) adds nothing.
+
+    Trainings that start together (the trials of an arch sweep) log the same new dataset at once, and
+    MLflow's store looks for the dataset, then inserts it: the slower one meets the other's row (sqlite
+    "UNIQUE constraint failed: datasets...", a duplicate key on other databases) and its `log_inputs` fails
+    as a whole. The retry finds the row and links this run to it, so the race costs a retry, not a trial."""
     inputs = [DatasetInput(ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
               for ds, context in datasets]
-    if inputs:
-        client().log_inputs(run_id, datasets=inputs)
+    for attempt in range(attempts if inputs else 0):
+        try:
+            client().log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def run_datasets(run) -> list[tuple[str, str, str]]:
