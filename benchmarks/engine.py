@@ -124,7 +124,9 @@ def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]],
     """Peak RSS of what a Serve replica holds — the target, the head and one engine with every slot full —
     measured in a fresh process (this one also holds the prompt sets, the reference decoders, the cost curve
     and the earlier engines): its `ru_maxrss` after decoding `slots` requests at once at the speculative
-    setting. The prompts' token ids come on stdin, so the child never loads a prompt set."""
+    setting. The prompts' token ids come on stdin, so the child never loads a prompt set. Also its RSS once
+    loaded and once warm (one request of one token decoded): the weights are memory-mapped and become
+    resident at the first forward."""
     code = (
         "import json, resource, sys\n"
         "from jetflow.decode import DecodeConfig\n"
@@ -136,10 +138,13 @@ def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]],
         "prompts = json.load(sys.stdin)\n"
         "target = TargetModel.load(model)\n"
         "h = HeadRef.parse(head).load(target).head\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "loaded = rss()\n"
+        "Engine(target, h, EngineConfig(max_slots=1)).generate(prompts[:1], DecodeConfig(max_new_tokens=1))\n"
+        "warm = rss()\n"
         "engine = Engine(target, h, EngineConfig(max_slots=len(prompts)))\n"
         "engine.generate(prompts, DecodeConfig(tree=TreeSpec.from_dict(tree), max_new_tokens=new))\n"
-        "print(json.dumps({'loaded_bytes': before * 1024, 'peak_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,"
+        "print(json.dumps({'loaded_bytes': loaded, 'warm_bytes': warm, 'peak_bytes': rss(),"
         " 'slots': len(prompts), 'prompt_tokens': sum(map(len, prompts))}))\n"
     )
     batch = [prompts[i % len(prompts)] for i in range(slots)]
@@ -299,7 +304,8 @@ def markdown(report: dict, levels: list[int]) -> str:
               f"{adm['median_gap_ms']:.0f} ms, p99 gap while admitting {adm['p99_gap_while_admitting_ms']:.0f} ms "
               f"({adm['admission_steps']} steps).",
               f"Peak RSS of a replica (a fresh process: target, head, one engine with all {rss['slots']} slots "
-              f"full): {rss['peak_bytes'] / 2 ** 30:.2f} GiB ({rss['loaded_bytes'] / 2 ** 30:.2f} GiB once loaded); "
+              f"full): {rss['peak_bytes'] / 2 ** 30:.2f} GiB ({rss['loaded_bytes'] / 2 ** 30:.2f} GiB once loaded, "
+              f"{rss['warm_bytes'] / 2 ** 30:.2f} GiB after a first forward); "
               f"of this whole benchmark process: {report['peak_rss_bytes'] / 2 ** 30:.2f} GiB.",
               f"Isolated-t(N) cost model at batch 1 predicted {report['isolated_curve_prediction_b1']:.2f}x for the "
               f"speculative mode; the step-cost model predicts {report['prediction'][str(levels[0])]['predicted']:.2f}x, "

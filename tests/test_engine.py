@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from jetflow.decode import DecodeConfig, Decoder
 from jetflow.engine import Engine, EngineConfig, RequestCancelledError, RequestTimeoutError
 from jetflow.engine.cost import StepCostCurve
+from jetflow.engine.kv import GROW
 from jetflow.errors import PromptTooLongError
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.tree import TreeSpec
@@ -86,7 +87,47 @@ def test_an_engine_without_a_head_is_batched_plain_decoding(one_thread):
     ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=12)).token_ids for p in prompts]
     engine = Engine(target, None, EngineConfig(max_slots=5))
     assert [g.token_ids for g in engine.generate(prompts, DecodeConfig(max_new_tokens=12))] == ar
-    assert engine.kv.capacity == 256 and not engine.has_work()
+    assert engine.kv.capacity == GROW and not engine.has_work()
+
+
+def test_slot_buffers_grow_keeping_every_rows_positions_and_let_the_old_buffers_go():
+    """Growing copies each layer's rows into a larger buffer, and nothing keeps an old buffer alive: not
+    the store, not the views the cache's layers handed to the last forward (a replica's peak memory would
+    hold the old and the new buffers of every layer at once)."""
+    import weakref
+
+    from jetflow.engine.kv import SlotKV, TargetKV
+
+    store = SlotKV(num_layers=3, slots=2, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"),
+                   max_len=4 * GROW)
+    cache = TargetKV(store)
+    positions = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    for layer in range(3):
+        k = torch.arange(12, dtype=torch.float32).reshape(2, 1, 3, 2) + 100 * layer
+        cache.plan(0, 2, positions, 8).layers[layer].update(k, -k)
+    before = [t.clone() for t in store.keys + store.values]
+    old = [weakref.ref(t) for t in store.keys + store.values]
+    cache.plan(0, 2, positions + GROW, GROW + 8)
+    assert store.capacity == 2 * GROW and all(r() is None for r in old)
+    for was, now in zip(before, store.keys + store.values):
+        assert now.shape == (2, 1, 2 * GROW, 2)
+        assert torch.equal(now[:, :, :GROW], was) and not now[:, :, GROW:].any()
+    store.release()
+    assert store.capacity == GROW and all(t.shape[2] == GROW for t in store.keys + store.values)
+
+
+def test_an_idle_engine_gives_back_buffers_a_long_prompt_grew(one_thread):
+    from jetflow.engine.kv import RELEASE_ABOVE
+
+    target = tiny_target("llama", max_positions=2048)
+    engine = Engine(target, None, EngineConfig(max_slots=2))
+    long = [(7 * i + 1) % 120 + 1 for i in range(RELEASE_ABOVE + 100)]
+    engine.add(long, DecodeConfig(max_new_tokens=2))
+    grown = 0
+    while engine.has_work():
+        engine.step()
+        grown = max(grown, engine.kv.capacity) if engine.has_work() else grown
+    assert grown > RELEASE_ABOVE and engine.kv.capacity == GROW
 
 
 def test_cancelled_and_late_requests_leave_with_an_error_and_free_their_slot(one_thread):
@@ -305,5 +346,5 @@ def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_
     assert report["step_curve"]["prefill_ms_per_token"] > 0
     assert {"measured", "predicted", "predicted_decode_only"} <= set(report["prediction"]["2"])
     rss = report["replica_rss"]
-    assert rss["slots"] == 2 and rss["peak_bytes"] >= rss["loaded_bytes"] > 100 * 2 ** 20
+    assert rss["slots"] == 2 and rss["peak_bytes"] >= rss["warm_bytes"] >= rss["loaded_bytes"] > 100 * 2 ** 20
     assert "Peak RSS of a replica" in (tmp_path / "out" / "report.md").read_text()

@@ -34,7 +34,7 @@ import torch
 
 from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
 from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context, round_tree_context
-from jetflow.engine.kv import SlotKV, TargetKV
+from jetflow.engine.kv import RELEASE_ABOVE, SlotKV, TargetKV
 from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
@@ -183,7 +183,7 @@ class Engine:
             self.times.prefill = self._now() - t0
         if self.running:
             self._decode(events)
-        if not self.has_work() and self.kv.capacity > 2 * 256:
+        if not self.has_work() and self.kv.capacity > RELEASE_ABOVE:
             self.kv.release()
         self.steps += 1
         return events

@@ -8,11 +8,41 @@ first `width` positions of those rows — a view, never a copy; the 4-D mask hid
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-GROW = 256  # capacity grows in steps of this many positions
+# Capacity grows in steps of this many positions, for every slot at once (the buffers are (slots, ..)): 128
+# rather than 256 brings a 16-slot replica of the bundled target from 1.49-1.63 GiB peak to 1.41-1.42 GiB
+# (BENCHMARKS.md) at no cost to a running stream's gaps while a 2,048-token prompt grows the buffers.
+GROW = 128
+RELEASE_ABOVE = 512  # an idle engine gives back buffers grown past this many positions
+
+
+def return_freed_memory(device: torch.device) -> None:
+    """Hand the heap's free pages back to the OS after the buffers were regrown or released (CPU, glibc).
+    Slot buffers of a few MB come from the heap once glibc has raised its mmap threshold (it does after the
+    first large free), and a freed buffer in the middle of the heap stays in the process's RSS until
+    `malloc_trim`; without it a replica's RSS is its peak forever, whatever `release` gives back."""
+    if device.type != "cpu":
+        return
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl without the symbol)
+        return None
 
 
 class SlotKV:
@@ -35,15 +65,23 @@ class SlotKV:
             raise ValueError(f"slot length {length} exceeds max_len {self.max_len}")
         cap = min(self.max_len, -(-length // GROW) * GROW)
         shape = (self.slots, self.kv_heads, cap, self.head_dim)
-        new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        for old, new in zip(self.keys + self.values, new_k + new_v):
-            new[:, :, : self.capacity] = old
-        self.keys, self.values, self.capacity = new_k, new_v, cap
+        # one buffer at a time, each old one dropped once copied: growing holds one layer twice, not all
+        for bufs in (self.keys, self.values):
+            for i in range(self.num_layers):
+                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if i < len(bufs):
+                    new[:, :, : self.capacity] = bufs[i]
+                    bufs[i] = new
+                else:
+                    bufs.append(new)
+                del new
+        self.capacity = cap
+        return_freed_memory(self.device)
 
     def release(self) -> None:
         """Shrink back to the initial capacity (all slots free): a long prompt does not pin memory forever."""
         self.capacity, self.keys, self.values = 0, [], []
+        return_freed_memory(self.device)
         self.reserve(min(GROW, self.max_len))
 
     def rows(self, layer: int, lo: int, hi: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +147,9 @@ class TargetKV(DynamicCache):
     def plan(self, lo: int, hi: int, positions: torch.Tensor, width: int) -> "TargetKV":
         """The next forward covers rows [lo, hi); its n tokens per row go to `positions` (b, n) and attention
         reads positions [0, width)."""
+        if width > self.store.capacity:
+            for layer in self.layers:  # the last forward's views would keep the old buffers alive while growing
+                layer.keys = layer.values = None
         self.store.reserve(width)
         self.lo, self.hi, self.positions, self.width = lo, hi, positions, width
         return self
