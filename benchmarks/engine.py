@@ -120,6 +120,34 @@ def admission_gaps(engine: Engine, stream_prompt: list[int], long_prompt: list[i
             "admission_steps": len(during), "long_prompt_tokens": len(long_prompt)}
 
 
+def one_stream(target, head, prompts: list[list[int]], tree: TreeSpec, curve, new_tokens: int, reps: int) -> dict:
+    """Concurrency 1 against the Decoder, side by side: per mode (plain, speculative), `reps` alternating
+    passes over the prompts, one request at a time, of the Decoder and of a one-slot engine configured as
+    in the table (its policy, the cost curve); wall-clock tokens/s of each pass, prefill included on both
+    sides. Alternating passes put host drift into both columns alike (the table's decoder rates are taken
+    minutes before its engine rows)."""
+    out = {}
+    for mode, t, policy in (("plain", TreeSpec(budget=1), "plain"), ("speculative", tree, "fixed")):
+        cfg = DecodeConfig(tree=t, max_new_tokens=new_tokens)
+        dec = Decoder(target, head)
+        engine = Engine(target, head, EngineConfig(max_slots=1, policy=policy, cost_curve=curve))
+        runs = {"decoder": lambda ids: dec.generate(ids, cfg), "engine": lambda ids: engine.generate([ids], cfg)[0]}
+        for run in runs.values():
+            run(prompts[0])  # warm-up
+        rates: dict[str, list[float]] = {"decoder": [], "engine": []}
+        for _ in range(reps):
+            for name, run in runs.items():
+                t0, toks = time.perf_counter(), 0
+                for ids in prompts:
+                    toks += len(run(ids).token_ids)
+                rates[name].append(toks / (time.perf_counter() - t0))
+        ratios = [e / d for e, d in zip(rates["engine"], rates["decoder"])]
+        out[mode] = {"decoder_tokens_per_s": rates["decoder"], "engine_tokens_per_s": rates["engine"],
+                     "ratios": ratios, "median_ratio": statistics.median(ratios)}
+        print(f"one stream, {mode}: engine / Decoder per pass {', '.join(f'{r:.2f}' for r in ratios)}", flush=True)
+    return out
+
+
 def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]], slots: int, new_tokens: int) -> dict:
     """Peak RSS of what a Serve replica holds — the target, the head and one engine with every slot full —
     measured in a fresh process (this one also holds the prompt sets, the reference decoders, the cost curve
@@ -165,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--long-prompt", type=int, default=2048, help="tokens of the prompt admitted during a stream")
     p.add_argument("--out", default=str(Path.home() / ".jetflow" / "bench" / "engine"))
+    p.add_argument("--one-stream-reps", type=int, default=3,
+                   help="alternating passes of the Decoder and a one-slot engine (concurrency 1, side by side)")
+    p.add_argument("--one-stream-only", action="store_true",
+                   help="run only that side-by-side comparison (prints it, writes one_stream.json under --out)")
     p.add_argument("--no-mlflow", action="store_true")
     args = p.parse_args(argv)
 
@@ -183,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"date": str(date.today()), "device": device_name(target.device), "target": target.model_id,
                     "head": args.head, "tree": tree.to_dict(), "new_tokens": args.new_tokens,
                     "prompts": len(prompts), "loadavg_start": psutil.getloadavg()}
+
+    if args.one_stream_only:
+        curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
+        report["one_stream"] = one_stream(target, head, prompts, tree, curve, args.new_tokens, args.one_stream_reps)
+        report["loadavg_end"] = psutil.getloadavg()
+        (out / "one_stream.json").write_text(json.dumps(report, indent=2) + "\n")
+        return 0
 
     # the reference single-stream decoder on the same prompts (what serving ran before the engine)
     single = {}
@@ -206,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
     report["step_curve"] = curve.to_dict()
+    report["one_stream"] = one_stream(target, head, prompts, tree, curve, args.new_tokens, args.one_stream_reps)
     results: dict = {m: {} for m in MODES}
     with PeakRSS() as rss:
         for c in levels:
@@ -307,6 +347,9 @@ def markdown(report: dict, levels: list[int]) -> str:
               f"full): {rss['peak_bytes'] / 2 ** 30:.2f} GiB ({rss['loaded_bytes'] / 2 ** 30:.2f} GiB once loaded, "
               f"{rss['warm_bytes'] / 2 ** 30:.2f} GiB after a first forward); "
               f"of this whole benchmark process: {report['peak_rss_bytes'] / 2 ** 30:.2f} GiB.",
+              f"Concurrency 1 side by side (alternating passes, wall clock, prefill included): engine / Decoder "
+              f"median {report['one_stream']['plain']['median_ratio']:.2f} plain, "
+              f"{report['one_stream']['speculative']['median_ratio']:.2f} speculative.",
               f"Isolated-t(N) cost model at batch 1 predicted {report['isolated_curve_prediction_b1']:.2f}x for the "
               f"speculative mode; the step-cost model predicts {report['prediction'][str(levels[0])]['predicted']:.2f}x, "
               f"measured {report['prediction'][str(levels[0])]['measured']:.2f}x."]

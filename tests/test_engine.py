@@ -332,12 +332,15 @@ def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_
            "PYTHONPATH": str(root / "platform") + os.pathsep + str(root)}
     result = subprocess.run([sys.executable, str(root / "benchmarks" / "engine.py"), "--head", "random", "--budget", "4",
                              "--concurrency", "1,2", "--requests", "2", "--prompts", "1", "--new-tokens", "4",
-                             "--long-prompt", "32", "--no-mlflow", "--out", str(tmp_path / "out")],
+                             "--long-prompt", "32", "--one-stream-reps", "1", "--no-mlflow", "--out", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     plain = report["decoder"]["plain"]
     assert 0 < plain["e2e_tokens_per_s"] < plain["tokens_per_s"]
+    for mode in ("plain", "speculative"):
+        one = report["one_stream"][mode]
+        assert one["ratios"] == [one["engine_tokens_per_s"][0] / one["decoder_tokens_per_s"][0]] and one["ratios"][0] > 0
     for mode in ("plain", "speculative", "auto"):
         for level in ("1", "2"):
             r = report["results"][mode][level]
@@ -347,4 +350,5 @@ def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_
     assert {"measured", "predicted", "predicted_decode_only"} <= set(report["prediction"]["2"])
     rss = report["replica_rss"]
     assert rss["slots"] == 2 and rss["peak_bytes"] >= rss["warm_bytes"] >= rss["loaded_bytes"] > 100 * 2 ** 20
-    assert "Peak RSS of a replica" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Peak RSS of a replica" in md and "Concurrency 1 side by side" in md
