@@ -14,9 +14,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-# Capacity grows in steps of this many positions, for every slot at once (the buffers are (slots, ..)): 128
-# rather than 256 brings a 16-slot replica of the bundled target from 1.49-1.63 GiB peak to 1.41-1.42 GiB
-# (BENCHMARKS.md) at no cost to a running stream's gaps while a 2,048-token prompt grows the buffers.
+# Capacity grows in steps of this many positions, for every slot at once (the buffers are (slots, ..)). 128
+# rather than 256: the engine benchmark's 16 requests (prompts up to 276 tokens, 64 new) fit 384 positions
+# instead of 512, a replica's peak RSS falls with it (BENCHMARKS.md), and a running stream's gaps while a
+# 2,048-token prompt grows the buffers did not change (HISTORY, "Replica memory").
 GROW = 128
 RELEASE_ABOVE = 512  # an idle engine gives back buffers grown past this many positions
 
