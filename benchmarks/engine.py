@@ -216,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                     "head": args.head, "tree": tree.to_dict(), "new_tokens": args.new_tokens,
                     "prompts": len(prompts), "loadavg_start": psutil.getloadavg()}
 
+    curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
+    report["step_curve"] = curve.to_dict()
+    report["one_stream"] = one_stream(target, head, prompts, tree, curve, args.new_tokens, args.one_stream_reps)
     if args.one_stream_only:
-        curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
-        report["one_stream"] = one_stream(target, head, prompts, tree, curve, args.new_tokens, args.one_stream_reps)
         report["loadavg_end"] = psutil.getloadavg()
         (out / "one_stream.json").write_text(json.dumps(report, indent=2) + "\n")
         return 0
@@ -243,9 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     old = measure_verify_curve(target, [tree.budget], head=head)
     report["isolated_curve_prediction_b1"] = old.predict_speedup(single["speculative"]["tau"], tree.budget)
 
-    curve = cached_step_curve(target, head, max_slots=max(levels), max_budget=tree.budget)
-    report["step_curve"] = curve.to_dict()
-    report["one_stream"] = one_stream(target, head, prompts, tree, curve, args.new_tokens, args.one_stream_reps)
     results: dict = {m: {} for m in MODES}
     with PeakRSS() as rss:
         for c in levels:

@@ -75,15 +75,13 @@ class SlotKV:
                     bufs[i] = new
                 else:
                     bufs.append(new)
-                del new
         self.capacity = cap
         return_freed_memory(self.device)
 
     def release(self) -> None:
         """Shrink back to the initial capacity (all slots free): a long prompt does not pin memory forever."""
         self.capacity, self.keys, self.values = 0, [], []
-        return_freed_memory(self.device)
-        self.reserve(min(GROW, self.max_len))
+        self.reserve(min(GROW, self.max_len))  # which hands the dropped buffers back (return_freed_memory)
 
     def rows(self, layer: int, lo: int, hi: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of rows [lo, hi), positions [0, width)."""
