@@ -156,3 +156,49 @@ def test_assert_greedy_allows_only_a_flip_at_an_fp32_tie():
     wrong = expected[:3] + [(expected[3] + 1) % target.vocab_size] + expected[4:]
     with pytest.raises(AssertionError, match="not a tie"):
         assert_greedy(target, prompt, wrong, expected)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grouped_query_attention_packs_instead_of_repeating_and_gives_hf_sdpas_output(arch, monkeypatch):
+    """A masked multi-token forward (a tree verify, batched rows each under its own 4-D mask) through our
+    attention equals Transformers' `sdpa` bit for bit and never repeats key/value heads; so does a one-token
+    step over the cache (plain decoding), to rounding."""
+    import copy
+
+    import transformers.integrations.sdpa_attention as hf_sdpa
+    from transformers import DynamicCache
+
+    from jetflow.target.attention import GQA_SDPA
+    from jetflow.target.model import cache_kwargs
+
+    target = tiny_target(arch)
+    assert target.model.config._attn_implementation == GQA_SDPA
+    reference = copy.deepcopy(target.model)
+    reference.set_attn_implementation("sdpa")
+    g = torch.Generator().manual_seed(1)
+    b, n = 3, 25
+    ids = torch.randint(0, target.vocab_size, (b, n), generator=g)
+    visible = (torch.rand(b, n, n, generator=g) > 0.3) | torch.eye(n, dtype=torch.bool)
+    mask = torch.zeros(b, 1, n, n).masked_fill_(~visible[:, None], torch.finfo(torch.float32).min)
+    positions = torch.arange(n).expand(b, -1)
+    step = torch.zeros(b, 1, 1, n + 1).masked_fill_(torch.rand(b, 1, 1, n + 1, generator=g) > 0.5,
+                                                    torch.finfo(torch.float32).min)
+    step[..., -1] = 0
+
+    def run(model):
+        cache = DynamicCache(config=model.config)
+        tree = model(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache)).logits
+        one = model(input_ids=ids[:, :1], position_ids=torch.full((b, 1), n), attention_mask=step,
+                    **cache_kwargs(model, cache)).logits
+        return tree, one
+
+    def no_repeat(*args, **kwargs):
+        raise AssertionError("key/value heads were repeated")
+
+    with torch.inference_mode():
+        want = run(reference)
+        monkeypatch.setattr(hf_sdpa, "repeat_kv", no_repeat)
+        got = run(target.model)
+    assert torch.equal(got[0], want[0])
+    # Transformers 5.24 folds one-token queries the same way (bit for bit); 5.20 repeats them (rounding differs)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from jetflow.errors import UnknownModelError
+from jetflow.target.attention import GQA_SDPA
 from jetflow.target.bundled import BUNDLED, MANIFEST, prepare_bundled
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -70,6 +71,8 @@ class TargetModel:
 
     def __init__(self, model: nn.Module, tokenizer, model_id: str, revision: str = "unknown"):
         model.eval()
+        if getattr(model.config, "_attn_implementation", None) == "sdpa":
+            model.set_attn_implementation(GQA_SDPA)  # sdpa without repeating key/value heads (attention.py)
         for p in model.parameters():
             p.requires_grad_(False)
         self.model = model
