@@ -29,7 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GQA_SDPA = "jetflow_gqa_sdpa"
 
-_packed = threading.local()  # the last forward's mask and its packed copy (each thread its own)
+_packed = threading.local()  # the last forward's mask and its packed copy, kept until the next (per thread)
 
 
 def _packed_mask(mask: torch.Tensor, groups: int, length: int) -> torch.Tensor:
@@ -65,6 +65,7 @@ def gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
         query.reshape(b, key.shape[1], groups * n, dim), key, value, attn_mask=mask, dropout_p=dropout,
         scale=scaling, is_causal=False)
     return out.reshape(b, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
+
 
 AttentionInterface.register(GQA_SDPA, gqa_sdpa)
 AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
