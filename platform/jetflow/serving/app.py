@@ -226,13 +226,16 @@ class JetFlowServer:
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
             log.info("%s %s rejected: %s", endpoint, rid, exc)
             raise
+        except asyncio.CancelledError:  # the client left: Serve cancels this call (the cancellation raised inside
+            self._gone(endpoint, rid, t0, 0)  # `events` cancels the engine request there)
+            raise
         self.metrics.active.set(self.engine.active)
         log.info("%s %s: %d prompt tokens, max_tokens %d, temperature %s, stream %s", endpoint, rid, len(ids),
                  dcfg.max_new_tokens, dcfg.temperature, body.stream)
         if body.stream:
             chunks = stream(rid, first, events, body.include_usage, self._first_text(endpoint, t0))
             return StreamingResponse(self._timed(endpoint, rid, t0, chunks), media_type="text/event-stream")
-        gen = first.done
+        gen, event = first.done, first
         try:
             if gen is None:
                 async for event in events:
@@ -240,6 +243,9 @@ class JetFlowServer:
         except JetFlowError as exc:  # e.g. the deadline passed while it ran
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
             log.info("%s %s ended: %s", endpoint, rid, exc)
+            raise
+        except asyncio.CancelledError:
+            self._gone(endpoint, rid, t0, event.tokens)
             raise
         self._record(endpoint, rid, t0, gen)
         return respond(rid, gen)
@@ -254,15 +260,19 @@ class JetFlowServer:
             log.info("%s %s done: %d tokens (%s), %d rounds, tau %.2f, %.1f tok/s, %.2f s", endpoint, rid,
                      len(gen.token_ids), gen.finish_reason, s.rounds, s.tau, s.tokens_per_s, seconds)
 
+    def _gone(self, endpoint: str, rid: str, t0: float, tokens: int) -> None:
+        """A client that left before its response was complete: recorded as 499 (nginx's convention)."""
+        self._record(endpoint, rid, t0, None, status=499)
+        log.info("%s %s closed by the client after %d tokens", endpoint, rid, tokens)
+
     async def _timed(self, endpoint: str, rid: str, t0: float, chunks: AsyncIterator[tuple[str, Event]]):
-        """SSE bytes out; latency and a client that left early (recorded as 499, nginx's convention)."""
+        """SSE bytes out; latency and a client that left early."""
         event = None
         try:
             async for payload, event in chunks:
                 yield payload
         except (asyncio.CancelledError, GeneratorExit):  # the client disconnected
-            self._record(endpoint, rid, t0, None, status=499)
-            log.info("%s %s closed by the client after %d tokens", endpoint, rid, event.tokens if event else 0)
+            self._gone(endpoint, rid, t0, event.tokens if event else 0)
             raise
         except Exception as exc:  # headers are out: end the stream with an OpenAI error event
             log.exception("%s %s failed mid-stream", endpoint, rid)
