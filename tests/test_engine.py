@@ -185,6 +185,35 @@ def test_step_cost_curve_interpolates_between_measured_points():
     assert StepCostCurve.from_dict(curve.to_dict()) == curve
 
 
+def test_the_step_curve_alternates_tree_sizes_step_by_step_on_one_engine_per_batch_size(monkeypatch):
+    """measure_step_curve: per batch size one set of rows, prefilled once (three times at one row, for the
+    prefill cost), whose decode steps cycle through every tree size, every other round reversed; each step
+    verifies B rows x N nodes."""
+    from jetflow.engine import cost
+
+    torch.manual_seed(0)
+    target = tiny_target("llama")
+    head = DraftHead(HeadConfig.for_target(target, block_size=4))
+    steps, engines = [], []
+    step = Engine.step
+
+    def recording(engine):
+        events = step(engine)
+        if engine not in engines:
+            engines.append(engine)
+        t = engine.times
+        steps.append((engines.index(engine), "prefill" if t.prefill else "", t.rows, t.nodes))
+        return events
+
+    monkeypatch.setattr(Engine, "step", recording)
+    curve = cost.measure_step_curve(target, head, batch=(1, 2), nodes=(1, 4), context=16, repeats=2)
+    assert curve.batch == (1, 2) and curve.nodes == (1, 4) and curve.prefill_ms_per_token > 0
+    assert all(ms > 0 for row in curve.ms for ms in row)
+    # a prefill step decodes its new rows too; the timed rounds: warm-up (1, 4), then (4, 1), (1, 4)
+    assert steps == [(0, "prefill", 1, 1)] * 3 + [(0, "", 1, n) for n in (1, 4, 4, 1, 1, 4)] + [(0, "", 0, 0)] + \
+        [(1, "prefill", 2, 1)] + [(1, "", 2, n) for n in (1, 4, 4, 1, 1, 4)] + [(1, "", 0, 0)]
+
+
 def test_the_serving_prediction_counts_each_requests_prefill_in_both_modes():
     """Per request: new_tokens / τ steps of B rows (its share: T / B each) plus its prompt's prefill — the same
     with or without speculation — so a costlier prefill pulls the predicted speedup toward 1."""

@@ -102,13 +102,32 @@ class StepCostCurve:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+class _SetTree:
+    """The measuring engine's policy: every running row drafts the tree set for the coming step."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def choose(self, rows) -> list:
+        return [self.tree] * len(rows)
+
+    def observe(self, rows, trees, committed, times) -> None:
+        pass
+
+
 def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes: Sequence[int] = (1, 4, 8, 16, 32),
-                       context: int = 200, repeats: int = 5) -> StepCostCurve:
-    """Time engine steps on this device: B rows of `context` random tokens each, every row drafting an
-    N-node accum_logp tree with `head` (a random head is fine: it is the shapes that cost, and a walk that
-    accepts little still pays every forward), decoding until `repeats` timed steps are done after a warm-up
-    step. Trees keep their size whatever is accepted, so every timed step verifies B x N nodes. The prefill
-    cost per prompt token is the median over the single-row prefills of the `context`-token prompts."""
+                       context: int = 200, repeats: int = 16) -> StepCostCurve:
+    """Time engine steps on this device: per batch size B, one engine with B rows of `context` random tokens
+    each, whose steps cycle through the tree sizes — every row drafting an N-node accum_logp tree with `head`
+    (a random head is fine: it is the shapes that cost, and a walk that accepts little still pays every
+    forward; with the demo head, these steps and its steps on real prompts cost the same within noise) —
+    `repeats` rounds of one step per size after a warm-up round, every other round in reverse order. Trees
+    keep their size whatever is accepted, so every timed step verifies B x N nodes; a point's time is the
+    median of its steps. Sizes alternating step by step see the same machine state, so a process still
+    warming up or a host whose speed drifts weighs on every size alike (measured one size after another, 5
+    steps each, plain decoding at one row — the first point — came out 10-25 % slow on a noisy host, and
+    the predicted speedup low with it). The prefill cost per prompt token is the median of three
+    single-row prefills of a `context`-token prompt."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine.engine import Engine, EngineConfig
     from jetflow.eval.cost_model import device_name
@@ -116,33 +135,39 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
 
     batch = sorted(set(batch))
     nodes = sorted(set(nodes) | {1}) if head is not None else [1]
+    trees = [TreeSpec("accum_logp", n, 7) if n > 1 else TreeSpec(budget=1) for n in nodes]
     vocab = target.vocab_size
     rows_ms, prefill_ms = [], []
     for b in batch:
-        engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b))
-        line = []
-        for n in nodes:
-            tree = TreeSpec("accum_logp", n, 7) if head is not None else TreeSpec(budget=1)
-            cfg = DecodeConfig(tree=tree if n > 1 else TreeSpec(budget=1),
-                               max_new_tokens=engine.max_len - context - (head.config.block_size if head else 0) - 2)
-            prompts = [[(17 * r + 31 * i + 5) % vocab for i in range(context + 1)] for r in range(b)]
-            ids = [engine.add(p, cfg) for p in prompts]
-            t0 = time.perf_counter()
-            while engine.prefilling or engine.waiting:
-                engine.step()
-            if b == 1:
-                prefill_ms.append((time.perf_counter() - t0) * 1000 / context)
-            engine.step()  # warm-up
-            samples = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                engine.step()
-                samples.append((time.perf_counter() - t0) * 1000)
+        policy = _SetTree(trees[0])
+        engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b),
+                        policy=policy)
+        cfg = DecodeConfig(tree=trees[-1], max_new_tokens=engine.max_len - context -
+                           (head.config.block_size if head else 0) - 2)
+        prompts = [[(17 * r + 31 * i + 5) % vocab for i in range(context + 1)] for r in range(b)]
+        ids: list[str] = []
+        for _ in range(3 if b == 1 else 1):  # one row: three timed prefills, the rows of the last one kept
             for rid in ids:
                 engine.cancel(rid)
-            engine.step()
-            line.append(statistics.median(samples))
-        rows_ms.append(tuple(line))
+            ids = [engine.add(p, cfg) for p in prompts]
+            seconds = 0.0
+            while engine.prefilling or engine.waiting:
+                engine.step()  # the prefill phase is timed alone (the step decodes the new rows right after)
+                seconds += engine.times.prefill
+            if b == 1:
+                prefill_ms.append(seconds * 1000 / context)
+        samples: list[list[float]] = [[] for _ in nodes]
+        for k in range(repeats + 1):
+            for j in (range(len(nodes)) if k % 2 == 0 else reversed(range(len(nodes)))):
+                policy.tree = trees[j]
+                t0 = time.perf_counter()
+                engine.step()
+                if k:  # round 0 warms every shape up
+                    samples[j].append((time.perf_counter() - t0) * 1000)
+        for rid in ids:
+            engine.cancel(rid)
+        engine.step()
+        rows_ms.append(tuple(statistics.median(ms) for ms in samples))
     return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms),
                          statistics.median(prefill_ms) if prefill_ms else 0.0)
 
@@ -163,7 +188,7 @@ def cached_step_curve(target, head, max_slots: int, max_budget: int, context: in
     identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
                 "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
                 "context": context, "head": head.config.to_dict() if head is not None else None,
-                "measures": "steps+prefill"}  # a curve cached before the prefill term was measured is re-measured
+                "measures": "steps+prefill, sizes alternating"}  # a curve cached by an older method is re-measured
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = jetflow_home() / "cost" / f"steps-{key}.json"
     if path.is_file():
