@@ -151,8 +151,8 @@ def one_stream(target, head, prompts: list[list[int]], tree: TreeSpec, curve, ne
 def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]], slots: int, new_tokens: int) -> dict:
     """Peak RSS of what a Serve replica holds — the target, the head and one engine with every slot full —
     measured in a fresh process (this one also holds the prompt sets, the reference decoders, the cost curve
-    and the earlier engines): its `ru_maxrss` after decoding `slots` requests at once at the speculative
-    setting. The prompts' token ids come on stdin, so the child never loads a prompt set. Also its RSS once
+    and the earlier engines): its peak resident set (VmHWM) after decoding `slots` requests at once at the
+    speculative setting. The prompts' token ids come on stdin, so the child never loads a prompt set. Also its RSS once
     loaded and once warm (one request of one token decoded): the weights are memory-mapped and become
     resident at the first forward."""
     code = (
@@ -166,7 +166,12 @@ def replica_rss(model: str, head: str, tree: TreeSpec, prompts: list[list[int]],
         "prompts = json.load(sys.stdin)\n"
         "target = TargetModel.load(model)\n"
         "h = HeadRef.parse(head).load(target).head\n"
-        "rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "def rss():  # this process's peak: VmHWM (ru_maxrss would start at the parent's RSS, kept across exec)\n"
+        "    try:\n"
+        "        with open('/proc/self/status') as f:\n"
+        "            return next(int(l.split()[1]) * 1024 for l in f if l.startswith('VmHWM:'))\n"
+        "    except (OSError, StopIteration):\n"
+        "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
         "loaded = rss()\n"
         "Engine(target, h, EngineConfig(max_slots=1)).generate(prompts[:1], DecodeConfig(max_new_tokens=1))\n"
         "warm = rss()\n"
