@@ -61,7 +61,7 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
     """`concurrency` clients, each sending its next request when its last one finishes, until `requests`
     are done. Per request: latency (queue + prefill + decode), time to first token."""
     queue = [prompts[i % len(prompts)] for i in range(requests)]
-    arrival, first, latency, tokens, prefill_s = {}, {}, [], 0, 0.0
+    arrival, first, latency, tokens, prefill_s, rows = {}, {}, [], 0, 0.0, []
     t0 = time.perf_counter()
 
     def submit():
@@ -74,6 +74,8 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
     while done < requests:
         events = engine.step()
         prefill_s += engine.times.prefill
+        if engine.times.rows:
+            rows.append(engine.times.rows)
         for event in events:
             now = time.perf_counter()
             tokens += len(event.tokens)
@@ -90,7 +92,21 @@ def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, con
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "requests": requests,
             "prefill_s": prefill_s, "decode_tokens_per_s": tokens / max(seconds - prefill_s, 1e-9),
             "p50_s": statistics.median(latency), "p99_s": q[98], "ttft_p50_s": statistics.median(ttft),
-            "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0])}
+            "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0]),
+            "decode_rows": {str(b): rows.count(b) for b in sorted(set(rows))},  # rows of a decode step: steps
+            "mean_rows": statistics.mean(rows) if rows else 0.0}
+
+
+def loop_speedup(curve, spec_rows: dict, plain_rows: dict, nodes: int, tau: float) -> float:
+    """The step-cost model's decode-only speedup at the batch sizes the closed loops actually ran (a loop of C
+    clients holds fewer than C rows while requests are prefilled and as it drains): each mode's predicted
+    tokens per ms, τ·ΣB / ΣT(B, N) over its own decode steps (τ = 1 and N = 1 for plain), as a ratio.
+    `*_rows`: {rows of a step: how many steps}."""
+    def rate(hist: dict, n: int, t: float) -> float:
+        steps = [(int(b), k) for b, k in hist.items()]
+        return t * sum(b * k for b, k in steps) / sum(curve.step_ms(b, n) * k for b, k in steps)
+
+    return rate(spec_rows, nodes, tau) / rate(plain_rows, 1, 1.0)
 
 
 def admission_gaps(engine: Engine, stream_prompt: list[int], long_prompt: list[int], new_tokens: int) -> dict:
@@ -270,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     # predicted vs measured speedup of the speculative mode over plain, per concurrency
     pred = {}
     mean_prompt = statistics.mean(len(p) - 1 for p in prompts)  # the last prompt token is fed by the first decode step
+    tau = single["speculative"]["tau"]
     for c in levels:
-        measured = results["speculative"][c]["tokens_per_s"] / results["plain"][c]["tokens_per_s"]
-        pred[str(c)] = {"measured": measured,
-                        "predicted_decode_only": curve.speedup(c, tree.budget, single["speculative"]["tau"]),
-                        "predicted": curve.serving_speedup(c, tree.budget, single["speculative"]["tau"], mean_prompt,
-                                                           args.new_tokens)}
+        spec, plain = results["speculative"][c], results["plain"][c]
+        pred[str(c)] = {"measured": spec["tokens_per_s"] / plain["tokens_per_s"],
+                        "measured_decode_only": spec["decode_tokens_per_s"] / plain["decode_tokens_per_s"],
+                        "predicted_decode_only": curve.speedup(c, tree.budget, tau),
+                        "predicted": curve.serving_speedup(c, tree.budget, tau, mean_prompt, args.new_tokens),
+                        "predicted_at_loop_rows": loop_speedup(curve, spec["decode_rows"], plain["decode_rows"],
+                                                               tree.budget, tau)}
     report["prediction"] = pred
 
     report["replica_rss"] = replica_rss(args.model, args.head, tree, prompts, max(levels), args.new_tokens)
@@ -317,8 +336,9 @@ def markdown(report: dict, levels: list[int]) -> str:
              f"{dec['speculative']['tokens_per_s']:.1f} tok/s (τ {dec['speculative']['tau']:.2f}).", "",
              "| concurrency | plain tok/s | spec tok/s | auto tok/s | auto / best | plain p50 / p99 s | spec p50 / p99 s | "
              "auto p50 / p99 s | TTFT p50 plain / spec / auto s | spec/plain measured | predicted (decode only) | "
+             "spec/plain decode-only measured | predicted at the loop's rows | mean rows plain / spec | "
              "plain decode-only tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels:
         k = str(c)
         p, s, a = res["plain"][k], res["speculative"][k], res["auto"][k]
@@ -329,7 +349,8 @@ def markdown(report: dict, levels: list[int]) -> str:
                      f"{s['p50_s']:.2f} / {s['p99_s']:.2f} | {a['p50_s']:.2f} / {a['p99_s']:.2f} | "
                      f"{p['ttft_p50_s']:.2f} / {s['ttft_p50_s']:.2f} / {a['ttft_p50_s']:.2f} | "
                      f"{pr['measured']:.2f}x | {pr['predicted']:.2f}x ({pr['predicted_decode_only']:.2f}x) | "
-                     f"{p['decode_tokens_per_s']:.1f} |")
+                     f"{pr['measured_decode_only']:.2f}x | {pr['predicted_at_loop_rows']:.2f}x | "
+                     f"{p['mean_rows']:.1f} / {s['mean_rows']:.1f} | {p['decode_tokens_per_s']:.1f} |")
     adm = report["admission"]
     c8 = res['plain'].get('8', {})
     rss = report["replica_rss"]

@@ -376,7 +376,10 @@ def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_
             assert r["tokens"] == 4 * max(2, 2 * int(level))  # --requests, at least 2 per client
             assert r["decode_tokens_per_s"] >= r["tokens_per_s"] > 0
     assert report["step_curve"]["prefill_ms_per_token"] > 0
-    assert {"measured", "predicted", "predicted_decode_only"} <= set(report["prediction"]["2"])
+    assert {"measured", "predicted", "predicted_decode_only", "predicted_at_loop_rows"} <= set(report["prediction"]["2"])
+    for mode in ("plain", "speculative"):                   # the rows each decode step ran: 1 or 2 at concurrency 2
+        r = report["results"][mode]["2"]
+        assert set(r["decode_rows"]) <= {"1", "2"} and 1 <= r["mean_rows"] <= 2
     rss = report["replica_rss"]
     assert rss["slots"] == 2 and rss["peak_bytes"] >= rss["warm_bytes"] >= rss["loaded_bytes"] > 100 * 2 ** 20
     md = (tmp_path / "out" / "report.md").read_text()
