@@ -5,12 +5,17 @@ most tokens per second for the batch as it is now.
 
 τ_row(N) is the row's own running acceptance (mean tokens committed per step while it speculated at N),
 else the engine-wide running mean at N, else the prior (the head's measured τ at N, when known; else an
-optimistic 2.0, so the engine tries speculating and learns). Candidates: plain and the budgets of the
-per-concurrency table when the head's registry version carries one (the budget sweep's best per
-concurrency level), else plain and every measured budget up to the request's own. Hysteresis: the budget in
-force changes only when another is predicted better by `margin` for `patience` steps in a row; while plain,
-one step in `explore_every` speculates, so the acceptance estimates stay current ("off" otherwise costs
-nothing beyond plain decoding: no draft, one-token trees).
+optimistic 2.0, so the engine tries speculating and learns). An estimate that is not measured yet (prior or
+2.0) is capped by the lowest measured estimate at a larger budget: a larger tree of the same rule holds the
+smaller one (`accum_logp`, `best_first` and `chain` nest exactly), so it accepts at least as much. Candidates:
+plain and the budgets of the per-concurrency table when the head's registry version carries one (the budget
+sweep's best per concurrency level), else plain and every measured budget up to the request's own.
+Hysteresis: the budget in force changes only when another is predicted better by `margin` for `patience`
+steps in a row. While plain, one step in `explore_every` speculates, so the acceptance estimates stay
+current: the explored budget rotates over the candidates, and the interval grows with the predicted gap
+(plain predicted g x faster than the best tree → every explore_every x min(g^2, 8) plain steps: an
+exploration that is predicted to lose much is worth less often). "Off" otherwise costs nothing beyond plain
+decoding: no draft, one-token trees.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ class AutoPolicy:
         self.current: int | None = None       # the budget in force (1 = plain)
         self._rival: int | None = None
         self._streak = 0
-        self._plain_steps = 0
+        self._plain_steps = 0                 # plain steps since the last exploration
+        self._explored = 0                    # explorations so far (which candidate is next)
         self.tau_engine: dict[int, float] = {}
         self.tau_row: dict[tuple[str, int], float] = {}
         self.last_choice: int = 1
@@ -41,7 +47,11 @@ class AutoPolicy:
     def tau(self, seq, budget: int) -> float:
         if budget <= 1:
             return 1.0
-        return self.tau_row.get((seq.id, budget), self.tau_engine.get(budget, self.prior.get(budget, 2.0)))
+        measured = self.tau_row.get((seq.id, budget), self.tau_engine.get(budget))
+        if measured is not None:
+            return measured
+        larger = [self.tau_row.get((seq.id, n), self.tau_engine.get(n)) for n in self.tau_engine if n > budget]
+        return min([self.prior.get(budget, 2.0)] + [t for t in larger if t is not None])
 
     def predicted(self, rows, budget: int) -> float:
         """Tokens per ms of this batch at `budget` (1 = plain)."""
@@ -76,8 +86,12 @@ class AutoPolicy:
             budget = self.current
             if budget == 1:
                 self._plain_steps += 1
-                if self._plain_steps % self.explore_every == 0:  # refresh the acceptance estimates
-                    budget = max(cands)
+                spec = [n for n in cands if n > 1]
+                gap = rates[1] / max(rates[n] for n in spec)
+                if self._plain_steps >= self.explore_every * min(max(gap, 1.0) ** 2, 8.0):
+                    budget = spec[self._explored % len(spec)]  # refresh one estimate, in turn
+                    self._explored += 1
+                    self._plain_steps = 0
         self.last_choice = budget
         if budget == 1:
             return [PLAIN] * len(rows)
