@@ -118,16 +118,17 @@ class _SetTree:
 def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes: Sequence[int] = (1, 4, 8, 16, 32),
                        context: int = 200, repeats: int = 16) -> StepCostCurve:
     """Time engine steps on this device: per batch size B, one engine with B rows of `context` random tokens
-    each, whose steps cycle through the tree sizes — every row drafting an N-node accum_logp tree with `head`
-    (a random head is fine: it is the shapes that cost, and a walk that accepts little still pays every
-    forward; with the demo head, these steps and its steps on real prompts cost the same within noise) —
-    `repeats` rounds of one step per size after a warm-up round, every other round in reverse order. Trees
-    keep their size whatever is accepted, so every timed step verifies B x N nodes; a point's time is the
-    median of its steps. Sizes alternating step by step see the same machine state, so a process still
-    warming up or a host whose speed drifts weighs on every size alike (measured one size after another, 5
-    steps each, plain decoding at one row — the first point — came out 10-25 % slow on a noisy host, and
-    the predicted speedup low with it). The prefill cost per prompt token is the median of three
-    single-row prefills of a `context`-token prompt."""
+    each — every row drafting an N-node accum_logp tree with `head` (a random head is fine: it is the shapes
+    that cost, and a walk that accepts little still pays every forward; with the demo head, these steps and
+    its steps on real prompts cost the same within noise). After a warm-up round, `repeats` rounds, each of
+    one step per (batch size, tree size): the batch sizes in turn, and within each the tree sizes in turn,
+    both orders reversed every other round. Trees keep their size whatever is accepted, so every timed step
+    verifies B x N nodes; a point's time is the median of its steps. Every point is measured across the
+    whole run, so a process still warming up or a host whose speed drifts weighs on every point alike
+    (measured one size after another, plain decoding at one row — the first point — came out 10-25 % slow
+    on a noisy host; measured one batch size after another, a 4-row plain step once came out cheaper than a
+    2-row one). The prefill cost per prompt token is the median of three single-row prefills of a
+    `context`-token prompt."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine.engine import Engine, EngineConfig
     from jetflow.eval.cost_model import device_name
@@ -137,8 +138,8 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     nodes = sorted(set(nodes) | {1}) if head is not None else [1]
     trees = [TreeSpec("accum_logp", n, 7) if n > 1 else TreeSpec(budget=1) for n in nodes]
     vocab = target.vocab_size
-    rows_ms, prefill_ms = [], []
-    for b in batch:
+    engines, prefill_ms = [], []
+    for b in batch:  # every batch size's rows prefilled first; they stay in their engine for the whole run
         policy = _SetTree(trees[0])
         engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b),
                         policy=policy)
@@ -156,18 +157,23 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
                 seconds += engine.times.prefill
             if b == 1:
                 prefill_ms.append(seconds * 1000 / context)
-        samples: list[list[float]] = [[] for _ in nodes]
-        for k in range(repeats + 1):
+        engines.append((engine, policy, ids))
+    samples = [[[] for _ in nodes] for _ in batch]
+    for k in range(repeats + 1):
+        order = range(len(batch)) if k % 2 == 0 else reversed(range(len(batch)))
+        for i in order:
+            engine, policy, _ = engines[i]
             for j in (range(len(nodes)) if k % 2 == 0 else reversed(range(len(nodes)))):
                 policy.tree = trees[j]
                 t0 = time.perf_counter()
                 engine.step()
                 if k:  # round 0 warms every shape up
-                    samples[j].append((time.perf_counter() - t0) * 1000)
+                    samples[i][j].append((time.perf_counter() - t0) * 1000)
+    for engine, _, ids in engines:
         for rid in ids:
             engine.cancel(rid)
         engine.step()
-        rows_ms.append(tuple(statistics.median(ms) for ms in samples))
+    rows_ms = [tuple(statistics.median(ms) for ms in per_size) for per_size in samples]
     return StepCostCurve(device_name(target.device), context, tuple(batch), tuple(nodes), tuple(rows_ms),
                          statistics.median(prefill_ms) if prefill_ms else 0.0)
 
@@ -188,7 +194,7 @@ def cached_step_curve(target, head, max_slots: int, max_budget: int, context: in
     identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
                 "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
                 "context": context, "head": head.config.to_dict() if head is not None else None,
-                "measures": "steps+prefill, sizes alternating"}  # a curve cached by an older method is re-measured
+                "measures": "steps+prefill, batch and tree sizes alternating"}  # a curve cached by an older method is re-measured
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = jetflow_home() / "cost" / f"steps-{key}.json"
     if path.is_file():
