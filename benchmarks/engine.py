@@ -57,44 +57,71 @@ class PeakRSS:
         self._thread.join()
 
 
-def closed_loop(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, concurrency: int, requests: int) -> dict:
-    """`concurrency` clients, each sending its next request when its last one finishes, until `requests`
-    are done. Per request: latency (queue + prefill + decode), time to first token."""
-    queue = [prompts[i % len(prompts)] for i in range(requests)]
-    arrival, first, latency, tokens, prefill_s, rows = {}, {}, [], 0, 0.0, []
-    t0 = time.perf_counter()
+class ClosedLoop:
+    """`concurrency` clients on one engine, each sending its next request when its last one finishes, until
+    `requests` are done. The loop keeps its own clock: the time of its engine's steps, summed — what a
+    replica running only this engine would take — so several loops can be stepped in turn (`lockstep`) and
+    a host whose speed drifts slows each of them alike. Per request: latency (queue + prefill + decode) and
+    time to first token, on that clock."""
 
-    def submit():
-        rid = engine.add(queue.pop(0), cfg)
-        arrival[rid] = time.perf_counter()
+    def __init__(self, engine: Engine, prompts: list[list[int]], cfg: DecodeConfig, concurrency: int,
+                 requests: int):
+        self.engine, self.cfg, self.requests = engine, cfg, requests
+        self.queue = [prompts[i % len(prompts)] for i in range(requests)]
+        self.clock = self.prefill_s = 0.0
+        self.arrival, self.first, self.latency, self.rows = {}, {}, [], []
+        self.tokens = self.done = 0
+        for _ in range(min(concurrency, requests)):
+            self._submit()
 
-    for _ in range(min(concurrency, requests)):
-        submit()
-    done = 0
-    while done < requests:
-        events = engine.step()
-        prefill_s += engine.times.prefill
-        if engine.times.rows:
-            rows.append(engine.times.rows)
+    def _submit(self) -> None:
+        rid = self.engine.add(self.queue.pop(0), self.cfg)
+        self.arrival[rid] = self.clock
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.requests
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        events = self.engine.step()
+        self.clock += time.perf_counter() - t0
+        self.prefill_s += self.engine.times.prefill
+        if self.engine.times.rows:
+            self.rows.append(self.engine.times.rows)
         for event in events:
-            now = time.perf_counter()
-            tokens += len(event.tokens)
-            if event.tokens and event.request_id not in first:
-                first[event.request_id] = now - arrival[event.request_id]
+            self.tokens += len(event.tokens)
+            if event.tokens and event.request_id not in self.first:
+                self.first[event.request_id] = self.clock - self.arrival[event.request_id]
             if event.finished:
-                done += 1
-                latency.append(now - arrival[event.request_id])
-                if queue:
-                    submit()
-    seconds = time.perf_counter() - t0
-    q = statistics.quantiles(latency, n=100) if len(latency) > 1 else latency * 99
-    ttft = sorted(first.values())
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens, "requests": requests,
-            "prefill_s": prefill_s, "decode_tokens_per_s": tokens / max(seconds - prefill_s, 1e-9),
-            "p50_s": statistics.median(latency), "p99_s": q[98], "ttft_p50_s": statistics.median(ttft),
-            "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0]),
-            "decode_rows": {str(b): rows.count(b) for b in sorted(set(rows))},  # rows of a decode step: steps
-            "mean_rows": statistics.mean(rows) if rows else 0.0}
+                self.done += 1
+                self.latency.append(self.clock - self.arrival[event.request_id])
+                if self.queue:
+                    self._submit()
+
+    def result(self) -> dict:
+        seconds, rows = self.clock, self.rows
+        latency, ttft = self.latency, sorted(self.first.values())
+        q = statistics.quantiles(latency, n=100) if len(latency) > 1 else latency * 99
+        return {"tokens_per_s": self.tokens / seconds, "seconds": seconds, "tokens": self.tokens,
+                "requests": self.requests, "prefill_s": self.prefill_s,
+                "decode_tokens_per_s": self.tokens / max(seconds - self.prefill_s, 1e-9),
+                "p50_s": statistics.median(latency), "p99_s": q[98], "ttft_p50_s": statistics.median(ttft),
+                "ttft_p99_s": (statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0]),
+                "decode_rows": {str(b): rows.count(b) for b in sorted(set(rows))},  # rows of a decode step: steps
+                "mean_rows": statistics.mean(rows) if rows else 0.0}
+
+
+def lockstep(loops: list[ClosedLoop]) -> list[dict]:
+    """Step the loops in turn (one step each, the order reversed every other round) until every one is done;
+    each loop's figures on its own clock. Loops that finish early leave the others stepping alone."""
+    k = 0
+    while not all(loop.finished for loop in loops):
+        for loop in (loops if k % 2 == 0 else reversed(loops)):
+            if not loop.finished:
+                loop.step()
+        k += 1
+    return [loop.result() for loop in loops]
 
 
 def loop_speedup(curve, spec_rows: dict, plain_rows: dict, nodes: int, tau: float) -> float:
@@ -267,15 +294,18 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {m: {} for m in MODES}
     with PeakRSS() as rss:
-        for c in levels:
+        for c in levels:  # the three modes' loops stepped in turn, side by side on one clock each
+            cfg = DecodeConfig(tree=tree, max_new_tokens=args.new_tokens)
+            loops = []
             for mode in MODES:
                 policy = {"plain": "plain", "speculative": "fixed", "auto": "auto"}[mode]
-                engine = Engine(target, head, EngineConfig(max_slots=c, policy=policy, cost_curve=curve))
+                engine = Engine(target, head, EngineConfig(max_slots=c, policy=policy, cost_curve=curve,
+                                                           tau_prior={tree.budget: single["speculative"]["tau"]}))
                 engine.generate([prompts[0]], DecodeConfig(tree=tree, max_new_tokens=2))  # warm-up
-                cfg = DecodeConfig(tree=tree, max_new_tokens=args.new_tokens)
-                r = closed_loop(engine, prompts, cfg, c, max(args.requests, 2 * c))
+                loops.append(ClosedLoop(engine, prompts, cfg, c, max(args.requests, 2 * c)))
+            for mode, loop, r in zip(MODES, loops, lockstep(loops)):
                 if mode == "auto":
-                    r["budgets_chosen"] = getattr(engine.policy, "current", None)
+                    r["budgets_chosen"] = loop.engine.policy.current
                 results[mode][c] = r
                 print(f"{mode:12s} c={c:2d}: {r['tokens_per_s']:6.1f} tok/s, p50 {r['p50_s']:.2f} s, "
                       f"p99 {r['p99_s']:.2f} s, ttft p50 {r['ttft_p50_s']:.2f} s", flush=True)

@@ -185,10 +185,11 @@ def test_step_cost_curve_interpolates_between_measured_points():
     assert StepCostCurve.from_dict(curve.to_dict()) == curve
 
 
-def test_the_step_curve_alternates_tree_sizes_step_by_step_on_one_engine_per_batch_size(monkeypatch):
+def test_the_step_curve_alternates_batch_and_tree_sizes_step_by_step(monkeypatch):
     """measure_step_curve: per batch size one set of rows, prefilled once (three times at one row, for the
-    prefill cost), whose decode steps cycle through every tree size, every other round reversed; each step
-    verifies B rows x N nodes."""
+    prefill cost) before any step is timed; then rounds of one decode step per (batch size, tree size), the
+    batch sizes in turn and the tree sizes in turn within each, both orders reversed every other round; each
+    step verifies B rows x N nodes."""
     from jetflow.engine import cost
 
     torch.manual_seed(0)
@@ -209,9 +210,12 @@ def test_the_step_curve_alternates_tree_sizes_step_by_step_on_one_engine_per_bat
     curve = cost.measure_step_curve(target, head, batch=(1, 2), nodes=(1, 4), context=16, repeats=2)
     assert curve.batch == (1, 2) and curve.nodes == (1, 4) and curve.prefill_ms_per_token > 0
     assert all(ms > 0 for row in curve.ms for ms in row)
-    # a prefill step decodes its new rows too; the timed rounds: warm-up (1, 4), then (4, 1), (1, 4)
-    assert steps == [(0, "prefill", 1, 1)] * 3 + [(0, "", 1, n) for n in (1, 4, 4, 1, 1, 4)] + [(0, "", 0, 0)] + \
-        [(1, "prefill", 2, 1)] + [(1, "", 2, n) for n in (1, 4, 4, 1, 1, 4)] + [(1, "", 0, 0)]
+    # a prefill step decodes its new rows too; the timed rounds: warm-up (b1: 1, 4; b2: 1, 4), then reversed
+    # (b2: 4, 1; b1: 4, 1), then forward again
+    assert steps == [(0, "prefill", 1, 1)] * 3 + [(1, "prefill", 2, 1)] + \
+        [(0, "", 1, 1), (0, "", 1, 4), (1, "", 2, 1), (1, "", 2, 4)] + \
+        [(1, "", 2, 4), (1, "", 2, 1), (0, "", 1, 4), (0, "", 1, 1)] + \
+        [(0, "", 1, 1), (0, "", 1, 4), (1, "", 2, 1), (1, "", 2, 4)] + [(0, "", 0, 0), (1, "", 0, 0)]
 
 
 def test_the_serving_prediction_counts_each_requests_prefill_in_both_modes():
@@ -245,6 +249,53 @@ def test_auto_policy_speculates_alone_goes_plain_under_load_and_waits_before_swi
     for _ in range(policy.patience + 1):
         engine.step()
     assert policy.last_choice == 1                               # eight rows: plain decoding wins
+
+
+def _auto(curve, tau_prior=None):
+    target = tiny_target("llama")
+    head = DraftHead(HeadConfig.for_target(target, block_size=8))
+    return Engine(target, head, EngineConfig(max_slots=8, policy="auto", cost_curve=curve, tau_prior=tau_prior)).policy
+
+
+def test_auto_policy_caps_an_untried_budgets_estimate_by_a_larger_budgets_measured_one():
+    """A budget not yet measured takes its prior (else 2.0), but never more than what a larger budget
+    measured: a larger tree of the same rule holds the smaller one."""
+    from types import SimpleNamespace
+
+    policy = _auto(_curve(lambda b, n: 10.0 * b + n), tau_prior={4: 1.2, 8: 1.9})
+    row = SimpleNamespace(id="a")
+    assert (policy.tau(row, 4), policy.tau(row, 8), policy.tau(row, 16)) == (1.2, 1.9, 2.0)
+    policy.observe([row], [TreeSpec(budget=16, width=3)], [1.5], None)
+    assert policy.tau(row, 16) == 1.5                          # measured: taken as it is
+    assert (policy.tau(row, 4), policy.tau(row, 8)) == (1.2, 1.5)  # 8's prior capped by 16's measurement
+    policy.observe([row], [TreeSpec(budget=8, width=3)], [1.7], None)
+    assert policy.tau(row, 8) == 1.7                           # once measured, its own (noisy) mean wins
+    assert policy.tau(SimpleNamespace(id="b"), 4) == 1.2       # another row: the engine-wide estimates
+
+
+def test_auto_policy_explores_each_budget_in_turn_and_less_often_when_plain_is_far_ahead():
+    """While plain, exploration steps rotate over the candidate budgets, at least `explore_every` plain steps
+    apart; the further plain is predicted ahead, the longer the interval (capped at 8x)."""
+    from types import SimpleNamespace
+
+    rows = [SimpleNamespace(id=str(i), cfg=DecodeConfig(tree=TreeSpec(budget=8, width=3))) for i in range(8)]
+
+    def explorations(cost_of_trees: float) -> list[tuple[int, int]]:
+        policy = _auto(_curve(lambda b, n: 10.0 * b * (1 if n == 1 else cost_of_trees)))
+        seen = []
+        for step in range(1200):
+            trees = policy.choose(rows)
+            if trees[0].budget > 1 and step > 2 * policy.patience:  # past the first steps' optimistic prior
+                seen.append((step, trees[0].budget))
+            policy.observe(rows, trees, [1.5 if t.budget > 1 else 1 for t in trees], None)
+        return seen
+
+    near, far = explorations(1.6), explorations(4.0)         # plain ahead 1.07x, 2.7x (τ 1.5)
+    assert [b for _, b in near[:4]] == [4, 8, 4, 8] and [b for _, b in far[:2]] == [4, 8]
+    gaps = [b - a for (a, _), (b, _) in zip(near, near[1:])]
+    assert all(g >= 64 for g in gaps) and max(gaps) < 2 * 64
+    far_gaps = [b - a for (a, _), (b, _) in zip(far, far[1:])]
+    assert far_gaps and all(4 * 64 <= g <= 8 * 64 + 1 for g in far_gaps)
 
 
 # ------------------------------------------------------------------------------ the real model
@@ -339,6 +390,41 @@ def test_bf16_on_cpu_runs_and_every_engine_buffer_has_the_targets_device_and_dty
     if not torch.cuda.is_available():
         with pytest.raises(Exception, match="no CUDA GPU"):
             placement("cuda")
+
+
+def test_the_engine_benchmark_steps_its_closed_loops_in_turn_each_on_its_own_clock(monkeypatch, one_thread):
+    """benchmarks/engine.py's lockstep: the modes' loops take one step each in turn (the order reversed every
+    other round), each loop's clock is the sum of its own engine's steps, and every request is served."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_engine", Path(__file__).resolve().parents[1] / "benchmarks" / "engine.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    target = tiny_target("llama")
+    head = DraftHead(HeadConfig.for_target(target, block_size=4))
+    engines = [Engine(target, head, EngineConfig(max_slots=2, policy=p)) for p in ("plain", "fixed")]
+    order, spent = [], {0: 0.0, 1: 0.0}
+    step = Engine.step
+
+    def timed(engine):
+        t0 = time.perf_counter()
+        events = step(engine)
+        spent[engines.index(engine)] += time.perf_counter() - t0
+        order.append(engines.index(engine))
+        return events
+
+    monkeypatch.setattr(Engine, "step", timed)
+    cfg = DecodeConfig(tree=TreeSpec(budget=4, width=2), max_new_tokens=6)
+    loops = [bench.ClosedLoop(e, [[1, 2, 3], [4, 5, 6, 7]], cfg, 2, 5) for e in engines]
+    results = bench.lockstep(loops)
+    both = len(order) - abs(order.count(0) - order.count(1))  # the steps taken while both loops ran
+    assert order[:both] == ([0, 1, 1, 0] * both)[:both] and len(set(order[both:])) <= 1
+    for k, r in enumerate(results):
+        assert r["requests"] == 5 and r["tokens"] == 5 * 6
+        assert r["seconds"] == pytest.approx(spent[k], rel=0.05)
+        assert 0 < r["p50_s"] <= r["p99_s"] <= r["seconds"] and r["ttft_p50_s"] <= r["p50_s"]
 
 
 @pytest.mark.slow
