@@ -258,13 +258,14 @@ def _auto(curve, tau_prior=None):
 
 
 def test_auto_policy_caps_an_untried_budgets_estimate_by_a_larger_budgets_measured_one():
-    """A budget not yet measured takes its prior (else 2.0), but never more than what a larger budget
-    measured: a larger tree of the same rule holds the smaller one."""
+    """A budget not yet measured takes its prior (else 2.0), but never more than what is known of a larger
+    budget (measured, else its prior): a larger tree of the same rule holds the smaller one."""
     from types import SimpleNamespace
 
     policy = _auto(_curve(lambda b, n: 10.0 * b + n), tau_prior={4: 1.2, 8: 1.9})
     row = SimpleNamespace(id="a")
     assert (policy.tau(row, 4), policy.tau(row, 8), policy.tau(row, 16)) == (1.2, 1.9, 2.0)
+    assert policy.tau(row, 2) == 1.2 and policy.tau(row, 6) == 1.9   # no prior: capped by a larger one's
     policy.observe([row], [TreeSpec(budget=16, width=3)], [1.5], None)
     assert policy.tau(row, 16) == 1.5                          # measured: taken as it is
     assert (policy.tau(row, 4), policy.tau(row, 8)) == (1.2, 1.5)  # 8's prior capped by 16's measurement

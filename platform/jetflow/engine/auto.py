@@ -6,8 +6,9 @@ most tokens per second for the batch as it is now.
 τ_row(N) is the row's own running acceptance (mean tokens committed per step while it speculated at N),
 else the engine-wide running mean at N, else the prior (the head's measured τ at N, when known; else an
 optimistic 2.0, so the engine tries speculating and learns). An estimate that is not measured yet (prior or
-2.0) is capped by the lowest measured estimate at a larger budget: a larger tree of the same rule holds the
-smaller one (`accum_logp`, `best_first` and `chain` nest exactly), so it accepts at least as much. Candidates:
+2.0) is capped by the lowest estimate known at a larger budget (measured or prior): a larger tree of the
+same rule holds the smaller one (`accum_logp`, `best_first` and `chain` nest exactly), so it accepts at
+least as much. Candidates:
 plain and the budgets of the per-concurrency table when the head's registry version carries one (the budget
 sweep's best per concurrency level), else plain and every measured budget up to the request's own.
 Hysteresis: the budget in force changes only when another is predicted better by `margin` for `patience`
@@ -47,11 +48,15 @@ class AutoPolicy:
     def tau(self, seq, budget: int) -> float:
         if budget <= 1:
             return 1.0
-        measured = self.tau_row.get((seq.id, budget), self.tau_engine.get(budget))
-        if measured is not None:
-            return measured
-        larger = [self.tau_row.get((seq.id, n), self.tau_engine.get(n)) for n in self.tau_engine if n > budget]
-        return min([self.prior.get(budget, 2.0)] + [t for t in larger if t is not None])
+        known = self._known(seq, budget)
+        if budget in self.tau_engine:
+            return known
+        larger = (self._known(seq, n) for n in set(self.tau_engine) | set(self.prior) if n > budget)
+        return min([known if known is not None else 2.0] + [t for t in larger if t is not None])
+
+    def _known(self, seq, budget: int) -> float | None:
+        """The row's running mean at `budget`, else the engine's, else the prior; None if none."""
+        return self.tau_row.get((seq.id, budget), self.tau_engine.get(budget, self.prior.get(budget)))
 
     def predicted(self, rows, budget: int) -> float:
         """Tokens per ms of this batch at `budget` (1 = plain)."""
