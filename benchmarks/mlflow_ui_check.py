@@ -71,11 +71,13 @@ def visit(driver, url: str, page: Page, out: Path, wait_s: float) -> bool:
     except TimeoutException:
         pass
     time.sleep(1.5)  # charts and images draw after their data arrives
+    shot = out / (re.sub(r"[^A-Za-z0-9]+", "-", page.name).strip("-").lower() + ".png")
+    driver.save_screenshot(str(shot))  # the page as it first shows, before scrolling
     text = body()
+    if not all(e in text for e in page.expect):
+        text += "\n" + scrolled_text(driver, body)
     images = driver.execute_script(
         "return [...document.images].filter(i => i.complete && i.naturalWidth > 300).length")  # not icons
-    shot = out / (re.sub(r"[^A-Za-z0-9]+", "-", page.name).strip("-").lower() + ".png")
-    driver.save_screenshot(str(shot))
     print(f"\n== {page.name}\n   {url}/#{page.route}\n   title: {driver.title!r}; screenshot: {shot}")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     shown = [line for line in lines if page.show and re.search(page.show, line)]
@@ -90,6 +92,25 @@ def visit(driver, url: str, page: Page, out: Path, wait_s: float) -> bool:
         ok &= images > 0
         print(f"   {'ok     ' if images else 'MISSING'} the image itself ({images} drawn)")
     return ok
+
+
+def scrolled_text(driver, body, steps: int = 40) -> str:
+    """What a user reads by scrolling down: the UI renders long pages (a run's metric charts, grouped in
+    sections) only as they come into view, so the text is gathered screen by screen."""
+    seen: list[str] = []
+    for _ in range(steps):
+        moved = driver.execute_script(
+            "let moved = false;"
+            "for (const e of document.querySelectorAll('*')) {"
+            "  if (e.scrollHeight > e.clientHeight + 10 && e.scrollTop + e.clientHeight < e.scrollHeight - 2"
+            "      && getComputedStyle(e).overflowY.match(/auto|scroll/)) {"
+            "    e.scrollTop += e.clientHeight * 0.8; moved = true; } }"
+            "return moved;")
+        time.sleep(0.7)
+        seen.append(body())
+        if not moved:
+            break
+    return "\n".join(seen)
 
 
 def click_text(driver, label: str) -> bool:
