@@ -44,13 +44,16 @@ def merge(reports: list[dict]) -> tuple[list[dict], list[str]]:
     """The merged rows (first-seen order) and warnings (τ disagreements between equal prompt counts)."""
     tau_src: dict[tuple, dict] = {}
     speed_src: dict[tuple, dict] = {}
+    lossless: dict[tuple, list[bool]] = defaultdict(list)  # every report's flag: a failure anywhere is kept
     warnings: list[str] = []
     for rep in reports:
         for row in rep["rows"]:
             k = row_key(row)
+            if row.get("lossless") is not None:
+                lossless[k].append(bool(row["lossless"]))
             old = tau_src.get(k)
             if row.get("tau") is not None:
-                if old is None or row["prompts"] > old["prompts"]:
+                if old is None or old.get("tau") is None or row["prompts"] > old["prompts"]:
                     tau_src[k] = row
                 elif (row["prompts"] == old["prompts"] and old.get("tau") is not None
                       and abs(row["tau"] - old["tau"]) > 1e-9):
@@ -67,8 +70,7 @@ def merge(reports: list[dict]) -> tuple[list[dict], list[str]]:
         for f in SPEED_FIELDS:
             out[f] = speed.get(f) if speed else None
         out["timed_prompts"] = speed["timed_prompts"] if speed else 0
-        seen = [r["lossless"] for r in (row, speed) if r and r.get("lossless") is not None]
-        out["lossless"] = all(seen) if seen else None
+        out["lossless"] = all(lossless[k]) if lossless[k] else None
         merged.append(out)
     return merged, warnings
 

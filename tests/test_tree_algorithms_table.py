@@ -52,6 +52,10 @@ def test_a_tau_disagreement_on_equal_prompts_warns_and_a_lossless_failure_is_kep
     row = next(r for r in rows if r["method"] == "causal")
     assert row["tau"] == 2.61 and row["lossless"] is False and row["speedup_vs_ar"] == 0.9
     assert "NOT every row" in ta.table(rows)
+    # a failure in a report that gives neither the τ nor the speed still counts
+    c = _report([_row("best_first", 8, 2.40, 10, 0, lossless=False)], 10, 0)
+    rows, _ = ta.merge([a, c])
+    assert next(r for r in rows if r["method"] == "causal")["lossless"] is False
     files = []
     for name, rep in (("a.json", a), ("b.json", b)):
         files.append(tmp_path / name)
