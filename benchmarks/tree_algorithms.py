@@ -29,6 +29,7 @@ from jetflow.metrics import BASELINE_METHODS
 from jetflow.tracking.plots import _series_label, _versus_budget
 from jetflow.tracking.report import ReportRow
 from jetflow.tree import TreeSpec
+from jetflow.tree.spec import setting_key
 from jetflow.tree.build import TREE_BUILDERS
 
 SPEED_FIELDS = ("tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "draft_ms", "verify_ms",
@@ -36,8 +37,8 @@ SPEED_FIELDS = ("tokens_per_s", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup",
 
 
 def row_key(row: dict) -> tuple:
-    spec = TreeSpec.from_dict(row["tree"]).key if row.get("tree") else f"{row['method']}-b{row['budget']}"
-    return row["dataset"], row["method"], spec, float(row["temperature"])
+    spec = TreeSpec.from_dict(row["tree"]) if row.get("tree") else None
+    return row["dataset"], row["method"], setting_key(spec, row["temperature"])
 
 
 def merge(reports: list[dict]) -> tuple[list[dict], list[str]]:
@@ -75,12 +76,6 @@ def merge(reports: list[dict]) -> tuple[list[dict], list[str]]:
     return merged, warnings
 
 
-def _setting_label(row: dict) -> str:
-    spec = TreeSpec.from_dict(row["tree"])
-    params = "".join(f":{k}={v:g}" for k, v in spec.params)
-    return f"{spec.algorithm}{params}"
-
-
 def table(rows: list[dict]) -> str:
     heads = [r for r in rows if r["method"] not in BASELINE_METHODS and r.get("tree")]
     datasets = list(dict.fromkeys(r["dataset"] for r in heads))
@@ -88,7 +83,7 @@ def table(rows: list[dict]) -> str:
     methods = list(dict.fromkeys(r["method"] for r in heads))
     cells: dict[tuple, dict] = defaultdict(dict)
     for r in heads:
-        cells[(r["method"], _setting_label(r))][(r["dataset"], r["budget"])] = r
+        cells[(r["method"], TreeSpec.from_dict(r["tree"]).algorithm_option)][(r["dataset"], r["budget"])] = r
     bud = " / ".join(str(b) for b in budgets)
     head = (["head"] if len(methods) > 1 else []) + ["algorithm", "source"]
     head += [f"τ {ds} b{bud}" for ds in datasets] + [f"best vs AR, {ds}" for ds in datasets]
@@ -140,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         tab20 = matplotlib.colormaps["tab20"].colors  # 10 dark hues solid, then their light ones dashed
         cycle = cycler(color=tab20[0::2] + tab20[1::2], linestyle=["-"] * 10 + ["--"] * 10)
         with matplotlib.rc_context({"axes.prop_cycle": cycle}):
-                fig = _versus_budget([ReportRow.model_validate({k: v for k, v in r.items()
+            fig = _versus_budget([ReportRow.model_validate({k: v for k, v in r.items()
                                                             if k in ReportRow.model_fields}) for r in rows],
                                  "tau", "τ (tokens / verify)", "acceptance length vs budget", reference=1.0,
                                  series_label=lambda r: _series_label(r, method=several_heads))

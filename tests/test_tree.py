@@ -679,3 +679,13 @@ def test_a_chain_accepts_the_longest_prefix_the_target_agrees_with(rows, budget,
     assert acc.accepted == agree
     assert acc.path == list(range(agree + 1))
     assert acc.bonus == -1
+
+
+def test_algorithm_option_is_what_parse_algorithm_reads_back():
+    from jetflow.tree.spec import parse_algorithm
+
+    spec = TreeSpec.from_options("top2gap:margin=1.5", 16, 7)
+    assert spec.algorithm_option == "top2gap:margin=1.5"
+    name, params = parse_algorithm(spec.algorithm_option)
+    assert TreeSpec(name, 16, 7, params) == spec
+    assert TreeSpec.from_options("accum_logp", 8, 7).algorithm_option == "accum_logp"

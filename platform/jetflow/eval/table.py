@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from jetflow.tree import TreeSpec
+
 COLUMNS = (  # (header, row key, format)
     ("set", "dataset", "{}"),
     ("method", "method", "{}"),
@@ -49,9 +51,8 @@ def rows_table(rows: Sequence[Mapping]) -> str:
     """One markdown line per report row (speedups decode-only; e2e includes prefill); an algorithm run with
     parameters shows them as on the command line (`top2gap:margin=1.5`)."""
     def named(r: Mapping) -> Mapping:
-        params = (r.get("tree") or {}).get("params") or {}
-        suffix = "".join(f":{k}={v:g}" for k, v in sorted(params.items()))
-        return {**r, "algorithm": f"{r['algorithm']}{suffix}"} if suffix else r
+        spec = TreeSpec.from_dict(r["tree"]) if r.get("tree") else None
+        return {**r, "algorithm": spec.algorithm_option} if spec is not None and spec.params else r
 
     return markdown_table([named(r) for r in rows], COLUMNS).rstrip("\n")
 

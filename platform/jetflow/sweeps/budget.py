@@ -57,8 +57,7 @@ class BudgetSweepConfig:
                 "temperatures": self.temperatures}
         if setting:
             spec = TreeSpec.from_dict(setting["tree"])
-            alg = spec.algorithm + "".join(f":{k}={v:g}" for k, v in spec.params)
-            grid = {"algorithms": [alg], "budgets": [spec.budget], "widths": [spec.width],
+            grid = {"algorithms": [spec.algorithm_option], "budgets": [spec.budget], "widths": [spec.width],
                     "temperatures": [setting["temperature"]]}
         return EvalConfig(sets=list(self.sets), prompts_per_set=self.prompts_per_set,
                           timed_prompts=self.prompts_per_set, max_new_tokens=self.max_new_tokens,

@@ -116,6 +116,12 @@ class TreeSpec:
         params = "".join(f".{k}{v!r}".replace("e+", "e") for k, v in self.params)
         return f"{self.algorithm}{params}-b{self.budget}w{self.width}"
 
+    @property
+    def algorithm_option(self) -> str:
+        """The algorithm with its parameters as option lists write it (`top2gap:margin=1.5`), what
+        `parse_algorithm` reads back."""
+        return self.algorithm + "".join(f":{k}={v:g}" for k, v in self.params)
+
     def label(self) -> str:
         """For humans: `accum_logp budget 32 width 7 (margin 1.5)`."""
         extra = f" ({', '.join(f'{k} {v:g}' for k, v in self.params)})" if self.params else ""
