@@ -13,10 +13,14 @@ a. losslessness of tree decoding (single-stream decoder and the batched engine) 
 b. the verify cost t(N), N = 1 … 256, and the batched step cost T(B, N), for SmolLM2- and Qwen3-8B-shaped
    targets in bf16, and the draft head's forward for 1, 2 and 5 layers at that hidden size;
 c. the AR step against the memory-bandwidth floor (weight bytes / measured device copy bandwidth);
-d. the speedup the step cost projects at the paper's τ (Qwen3-8B, budget 256) beside its measured speedups;
+d. the speedup the step cost projects at the paper's τ (Qwen3-8B, budget 256) beside its measured speedups,
+   and the batch-1 tokens/s it projects at JetSpec's τ (budget 128) beside JetSpec's own engine (B200), with
+   the engine step at that budget split into its phases (draft, verify + acceptance walk, commit) against
+   the verify forward and the weight-read floor: the biggest gap, named;
 e. what CUDA graphs (torch.compile, reduce-overhead) and a static KV cache do to the AR step, on and off.
 
-Every part runs under a time budget and reports "skipped"/"failed: …" instead of stopping the whole check.
+Every part runs under a time budget and reports "skipped"/"failed: …" instead of stopping the whole check;
+gpu_check.json is rewritten after every part, so a run stopped at a time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ QUICK = {  # --quick: the same structures, scaled down to run on 2 CPU cores
                      num_key_value_heads=2, head_dim=32, vocab_size=4096),
 }
 PAPER = {"MATH-500": (10.76, 9.64), "MT-Bench": (5.94, 4.58), "HumanEval": (7.78, 7.12)}  # (τ, speedup) at 256
+# JetSpec's own engine (Qwen3-8B, one B200, batch 1, budget 128): (τ, tokens/s)
+JETSPEC = {"MT-Bench": (4.88, 545.0), "HumanEval": (6.92, 867.0)}
+JETSPEC_BUDGET = 128
+# draft-head layers per shape: the demo preset's 2 for SmolLM2, the published Qwen3-8B DFlash heads' 5
+HEAD_LAYERS = {"smollm2-135m": 2, "qwen3-8b": 5}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -107,37 +116,44 @@ def median_ms(fn, device, reps: int, warmup: int = 2) -> float:
 
 # ----------------------------------------------------------------------------------- a. losslessness
 def part_lossless(args, budget: Budget) -> dict:
+    out = {}
+    for dname in ("fp32", "bf16"):
+        if budget.left < 60:
+            out[dname] = "skipped (time budget)"
+            continue
+        try:
+            out[dname] = _lossless_in(args, DTYPES[dname])
+        except Exception as exc:  # noqa: BLE001 - a CUDA failure in one dtype is a finding; go on with the other
+            out[dname] = f"failed: {exc.__class__.__name__}: {exc}"
+            traceback.print_exc()
+    return out
+
+
+def _lossless_in(args, dtype: torch.dtype) -> dict:
     from jetflow.decode import DecodeConfig, Decoder
     from jetflow.decode.lossless import first_divergence
     from jetflow.engine import Engine, EngineConfig
     from jetflow.tree import TreeSpec
 
-    out = {}
     n_prompts, new, lengths = (2, 12, (8, 32)) if args.quick else (8, 64, (16, 128))
-    for dname in ("fp32", "bf16"):
-        if budget.left < 60:
-            out[dname] = "skipped (time budget)"
-            continue
-        target = make_target("smollm2-135m", args.device, DTYPES[dname], args.quick)
-        head = random_head(target)
-        g = torch.Generator().manual_seed(1)
-        prompts = [torch.randint(5, target.vocab_size - 5, (int(n),), generator=g).tolist()
-                   for n in torch.randint(*lengths, (n_prompts,), generator=g)]
-        ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=new)).token_ids for p in prompts]
-        hf = [target.model.generate(torch.tensor([p], device=target.device), do_sample=False, max_new_tokens=new,
-                                    pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-        res = {"prompts": n_prompts, "new_tokens": new,
-               "ar_vs_hf": _divergences(target, prompts, list(zip(ar, hf)), first_divergence)}
-        for budget_n in ((8, 32) if args.quick else (8, 64)):
-            cfg = DecodeConfig(tree=TreeSpec(budget=budget_n), max_new_tokens=new)
-            single = [Decoder(target, head).generate(p, cfg).token_ids for p in prompts]
-            batched = [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=n_prompts)).generate(prompts, cfg)]
-            res[f"decoder_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(single, ar)), first_divergence)
-            res[f"engine_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(batched, ar)), first_divergence)
-            res[f"engine_b{budget_n}_vs_hf"] = _divergences(target, prompts, list(zip(batched, hf)), first_divergence)
-        out[dname] = res
-        del target, head
-    return out
+    target = make_target("smollm2-135m", args.device, dtype, args.quick)
+    head = random_head(target, HEAD_LAYERS["smollm2-135m"])
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, target.vocab_size - 5, (int(n),), generator=g).tolist()
+               for n in torch.randint(*lengths, (n_prompts,), generator=g)]
+    ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=new)).token_ids for p in prompts]
+    hf = [target.model.generate(torch.tensor([p], device=target.device), do_sample=False, max_new_tokens=new,
+                                pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    res = {"prompts": n_prompts, "new_tokens": new,
+           "ar_vs_hf": _divergences(target, prompts, list(zip(ar, hf)), first_divergence)}
+    for budget_n in ((8, 32) if args.quick else (8, 64)):
+        cfg = DecodeConfig(tree=TreeSpec(budget=budget_n), max_new_tokens=new)
+        single = [Decoder(target, head).generate(p, cfg).token_ids for p in prompts]
+        batched = [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=n_prompts)).generate(prompts, cfg)]
+        res[f"decoder_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(single, ar)), first_divergence)
+        res[f"engine_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(batched, ar)), first_divergence)
+        res[f"engine_b{budget_n}_vs_hf"] = _divergences(target, prompts, list(zip(batched, hf)), first_divergence)
+    return res
 
 
 def _divergences(target, prompts, pairs, first_divergence) -> dict:
@@ -164,7 +180,7 @@ def part_costs(args, budget: Budget) -> dict:
     out = {}
     nodes = [1, 2, 4, 8, 16, 32] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     batch = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16, 32]
-    step_nodes = [1, 4, 16] if args.quick else [1, 4, 16, 64, 256]
+    step_nodes = [1, 4, 16] if args.quick else [1, 4, 16, 64, JETSPEC_BUDGET, 256]
     context = 64 if args.quick else 512
     for name in ("smollm2-135m", "qwen3-8b"):
         if budget.left < 90:
@@ -182,11 +198,15 @@ def part_costs(args, budget: Budget) -> dict:
                 head = random_head(target, layers)
                 heads[layers] = _head_forward_ms(target, head, context, reps=3 if args.quick else 10)
             res["head_forward_ms"] = heads
-            if budget.left > 60:
-                curve = measure_step_curve(target, random_head(target), batch, step_nodes, context,
-                                           repeats=2 if args.quick else 3)
-                res["step_curve"] = curve.to_dict()
             res.update(part_bandwidth(target, args))
+            res["head_layers"] = HEAD_LAYERS[name]
+            if budget.left > 60:
+                res["anatomy"] = part_anatomy(target, random_head(target, HEAD_LAYERS[name]), context,
+                                              16 if args.quick else JETSPEC_BUDGET, steps=3 if args.quick else 10)
+            if budget.left > 60:
+                curve = measure_step_curve(target, random_head(target, HEAD_LAYERS[name]), batch, step_nodes,
+                                           context, repeats=2 if args.quick else 3)
+                res["step_curve"] = curve.to_dict()
             out[name] = res
             del target
         except Exception as exc:  # noqa: BLE001 - report and go on with the next part
@@ -210,6 +230,37 @@ def _head_forward_ms(target, head, context: int, reps: int) -> float:
         return head.output_logits(target, out[0, 1:]).topk(7)
 
     return median_ms(draft, dev, reps)
+
+
+@torch.inference_mode()
+def part_anatomy(target, head, context: int, nodes: int, steps: int) -> dict:
+    """Where one engine step of one row at an `nodes`-node accum_logp tree goes: the engine's own phase
+    clocks (draft: head forward + top-W to the host + tree build; verify: the tree forward + the acceptance
+    walk's LM-head rounds; commit: KV compaction + the head's context update), medians over `steps` steps
+    after two warm-up steps."""
+    from jetflow.decode import DecodeConfig
+    from jetflow.engine import Engine, EngineConfig
+    from jetflow.tree import TreeSpec
+
+    engine = Engine(target, head, EngineConfig(max_slots=1, prefill_chunk=context, prefill_tokens=context))
+    cfg = DecodeConfig(tree=TreeSpec("accum_logp", nodes, 7),
+                       max_new_tokens=(steps + 4) * (head.config.block_size + 1))
+    engine.add([(31 * i + 5) % target.vocab_size for i in range(context + 1)], cfg)
+    while engine.prefilling or engine.waiting:
+        engine.step()
+    phases: dict[str, list[float]] = {"draft": [], "verify": [], "commit": [], "step": []}
+    for k in range(steps + 2):
+        t0 = time.perf_counter()
+        engine.step()
+        sync(target.device)
+        if k >= 2 and engine.times.rows:
+            t = engine.times
+            for key, sec in (("draft", t.draft), ("verify", t.verify), ("commit", t.commit),
+                             ("step", time.perf_counter() - t0)):
+                phases[key].append(sec * 1000)
+    out = {f"{k}_ms": statistics.median(v) for k, v in phases.items() if v}
+    out.update({"nodes": nodes, "rows": 1, "context": context, "steps": len(phases["step"])})
+    return out
 
 
 # ----------------------------------------------------------------------------------- c. bandwidth floor
@@ -260,6 +311,45 @@ def part_projection(costs: dict) -> dict:
             row.update({"step_projection": step, "step_over_paper": step / paper})
         row["isolated_over_paper"] = isolated / paper
         out[name] = row
+    return out
+
+
+def part_jetspec(costs: dict) -> dict:
+    """Our engine's projected batch-1 tokens/s at Qwen3-8B shape, budget 128, at JetSpec's τ, beside JetSpec's
+    measured tokens/s (B200), and the step's time split against its floor: which part is the biggest gap."""
+    from jetflow.engine.cost import StepCostCurve
+
+    q = costs.get("qwen3-8b")
+    if not isinstance(q, dict):
+        return {"skipped": "no Qwen3-8B-shaped measurements"}
+    curve = StepCostCurve.from_dict(q["step_curve"]) if "step_curve" in q else None
+    a = q.get("anatomy") if isinstance(q.get("anatomy"), dict) else {}
+    n = a.get("nodes", JETSPEC_BUDGET)  # --quick: the scaled-down run's largest tree, to exercise the same code
+    out: dict = {"budget": n, "device_note": "JetSpec: one B200; ours: this device"}
+    if curve is None or n not in curve.nodes:
+        return {**out, "skipped": f"no step curve at {n} nodes"}
+    step = curve.step_ms(1, n)
+    for name, (tau, tps) in JETSPEC.items():
+        ours = tau * 1000 / step
+        out[name] = {"tau": tau, "jetspec_tokens_per_s": tps, "jetspec_step_ms": tau * 1000 / tps,
+                     "projected_tokens_per_s": ours, "projected_over_jetspec": ours / tps}
+    out["step_ms"] = step
+    out["ar_tokens_per_s"] = 1000 / curve.step_ms(1, 1)
+    t = {int(k): v for k, v in q["t_ms"].items()}
+    if a and n in t:
+        forward, floor = t[n], q["bandwidth_floor_ms"]
+        gaps = {  # each part's time beyond what it must cost
+            "verify forward above the weight-read floor": forward - floor,
+            "acceptance walk (LM-head rounds, host syncs)": a["verify_ms"] - forward,
+            "draft (head forward, top-W to host, tree build)": a["draft_ms"],
+            "commit (KV compaction, head context)": a["commit_ms"],
+        }
+        draft_forward = {int(k): v for k, v in q["head_forward_ms"].items()}.get(q.get("head_layers"))
+        if draft_forward is not None:
+            out["draft_head_forward_ms"] = draft_forward
+            out["draft_host_ms"] = a["draft_ms"] - draft_forward
+        out.update({"anatomy": a, "verify_forward_ms": forward, "bandwidth_floor_ms": floor, "gaps_ms": gaps,
+                    "biggest_gap": max(gaps, key=gaps.get)})
     return out
 
 
@@ -346,6 +436,25 @@ def markdown(report: dict) -> str:
                          f"{row['isolated_projection']:.2f}x ({row['isolated_over_paper']:.2f}) |")
         else:
             lines.append(f"| {name} | {row} | | | |")
+    js = report.get("jetspec", {})
+    lines += ["", f"## d'. Beside JetSpec's engine (Qwen3-8B, B200, batch 1, budget {JETSPEC_BUDGET}; ours at "
+                  f"{js.get('budget', JETSPEC_BUDGET)})"]
+    if "skipped" in js or not js:
+        lines.append(f"- {js.get('skipped', 'not run')}")
+    else:
+        lines += ["| set | τ | JetSpec tok/s | JetSpec ms/step | ours projected tok/s | ours/JetSpec |", "|---|---|---|---|---|---|"]
+        for name in JETSPEC:
+            r = js[name]
+            lines.append(f"| {name} | {r['tau']} | {r['jetspec_tokens_per_s']:.0f} | {r['jetspec_step_ms']:.2f} | "
+                         f"{r['projected_tokens_per_s']:.0f} | {r['projected_over_jetspec']:.2f} |")
+        lines.append(f"- our step T(1, {js['budget']}) {js['step_ms']:.2f} ms; AR {js['ar_tokens_per_s']:.0f} tok/s")
+        if "gaps_ms" in js:
+            lines.append(f"- verify forward t({js['budget']}) {js['verify_forward_ms']:.2f} ms vs weight-read floor "
+                         f"{js['bandwidth_floor_ms']:.2f} ms; engine phases: " +
+                         ", ".join(f"{k} {v:.2f} ms" for k, v in js["anatomy"].items() if k.endswith("_ms")))
+            lines.append("- time beyond what each part must cost: " +
+                         "; ".join(f"{k} {v:.2f} ms" for k, v in js["gaps_ms"].items()) +
+                         f". Biggest: **{js['biggest_gap']}**")
     lines += ["", "## e. AR step: CUDA graphs and static KV", json.dumps(report["compile"], indent=1, default=str)]
     return "\n".join(lines) + "\n"
 
@@ -358,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 450 s, quick 280 s)")
     p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
     p.add_argument("--parts", default="a,b,c,d,e", help="which parts to run (b includes c)")
+    p.add_argument("--commit", default=None, help="the git commit measured (recorded in the report)")
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.device == "cpu":
@@ -372,15 +482,24 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": args.device,
               "device_name": device_name(torch.device(args.device)), "dtype": args.dtype, "quick": args.quick,
-              "torch": torch.__version__, "transformers": transformers.__version__}
-    report["lossless"] = part_lossless(args, budget) if "a" in parts else {}
-    report["costs"] = part_costs(args, budget) if "b" in parts else {}
-    report["projection"] = part_projection(report["costs"]) if "d" in parts else {}
-    report["compile"] = part_compile(args, budget) if "e" in parts else {}
-    report["seconds"] = budget.limit_s - budget.left
+              "torch": torch.__version__, "transformers": transformers.__version__, "commit": args.commit}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    steps = [("lossless", "a", lambda: part_lossless(args, budget)), ("costs", "b", lambda: part_costs(args, budget)),
+             ("projection", "d", lambda: part_projection(report["costs"])),
+             ("jetspec", "d", lambda: part_jetspec(report["costs"])), ("compile", "e", lambda: part_compile(args, budget))]
+    for key, part, run in steps:
+        report[key] = {}
+        if part in parts:
+            try:
+                report[key] = run()
+            except Exception as exc:  # noqa: BLE001 - one part's failure is a finding, not the end of the check
+                report[key] = {"failed": f"{exc.__class__.__name__}: {exc}"}
+                traceback.print_exc()
+        report["seconds"] = budget.limit_s - budget.left
+        # written after every part: a run stopped at the device's time limit still leaves what it measured
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"[gpu_check] {key} done at {report['seconds']:.0f} s", flush=True)
     md = markdown(report)
     (out / "gpu_check.md").write_text(md)
     print(md)

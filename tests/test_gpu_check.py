@@ -31,5 +31,14 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
         assert isinstance(costs, dict), costs
         assert costs["t_ms"]["1"] > 0 and set(costs["head_forward_ms"]) == {"1", "2", "5"}
         assert costs["ar_step_ms"] > 0 and costs["bandwidth_floor_ms"] > 0
+        anatomy = costs["anatomy"]
+        assert anatomy["steps"] == 3 and anatomy["nodes"] == 16
+        assert anatomy["step_ms"] >= anatomy["draft_ms"] + anatomy["verify_ms"] > 0
     assert {"MATH-500", "MT-Bench", "HumanEval"} <= set(report["projection"])
     assert report["compile"]["static_cache_eager_ms"] > 0
+    jetspec = report["jetspec"]  # quick: at the scaled-down run's largest tree (16), the same code as at 128
+    assert jetspec["budget"] == 16
+    for name, (tau, _) in {"MT-Bench": (4.88, 545), "HumanEval": (6.92, 867)}.items():
+        assert jetspec[name]["projected_tokens_per_s"] == pytest.approx(tau * 1000 / jetspec["step_ms"])
+    assert jetspec["biggest_gap"] == max(jetspec["gaps_ms"], key=jetspec["gaps_ms"].get)
+    assert report["commit"] is None  # --commit not given
