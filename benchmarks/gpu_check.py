@@ -135,7 +135,7 @@ def _lossless_in(args, dtype: torch.dtype) -> dict:
     from jetflow.engine import Engine, EngineConfig
     from jetflow.tree import TreeSpec
 
-    n_prompts, new, lengths = (2, 12, (8, 32)) if args.quick else (8, 64, (16, 128))
+    n_prompts, new, lengths = (2, 12, (8, 32)) if args.quick else (args.prompts, 64, (16, 128))
     target = make_target("smollm2-135m", args.device, dtype, args.quick)
     head = random_head(target, HEAD_LAYERS["smollm2-135m"])
     g = torch.Generator().manual_seed(1)
@@ -201,8 +201,15 @@ def part_costs(args, budget: Budget) -> dict:
             res.update(part_bandwidth(target, args))
             res["head_layers"] = HEAD_LAYERS[name]
             if budget.left > 60:
-                res["anatomy"] = part_anatomy(target, random_head(target, HEAD_LAYERS[name]), context,
-                                              16 if args.quick else JETSPEC_BUDGET, steps=3 if args.quick else 10)
+                from jetflow import sdpa
+
+                head, n = random_head(target, HEAD_LAYERS[name]), 16 if args.quick else JETSPEC_BUDGET
+                res["anatomy"] = part_anatomy(target, head, context, n, steps=3 if args.quick else 10)
+                old = sdpa.allow_cudnn(True)  # side by side: PyTorch's own SDPA choice, cuDNN included
+                try:
+                    res["anatomy_cudnn_allowed"] = part_anatomy(target, head, context, n, steps=3 if args.quick else 10)
+                finally:
+                    sdpa.allow_cudnn(old)
             if budget.left > 60:
                 curve = measure_step_curve(target, random_head(target, HEAD_LAYERS[name]), batch, step_nodes,
                                            context, repeats=2 if args.quick else 3)
@@ -421,6 +428,12 @@ def markdown(report: dict) -> str:
         lines.append(f"- {name}: t(1) {res['t_ms'][1]:.2f} ms; {ratios}; head forward {heads}; AR step "
                      f"{res['ar_step_ms']:.2f} ms vs bandwidth floor {res['bandwidth_floor_ms']:.2f} ms "
                      f"({res['ar_over_floor']:.2f}x; copy bandwidth {res['copy_bandwidth_gb_s']:.0f} GB/s)")
+        if "anatomy" in res and "anatomy_cudnn_allowed" in res:
+            a, c = res["anatomy"], res["anatomy_cudnn_allowed"]
+            lines.append(f"  - engine step, 1 row, {a['nodes']} nodes: {a['step_ms']:.1f} ms (draft {a['draft_ms']:.1f}, "
+                         f"verify {a['verify_ms']:.1f}, commit {a['commit_ms']:.1f}); with cuDNN SDPA allowed "
+                         f"{c['step_ms']:.1f} ms (draft {c['draft_ms']:.1f}, verify {c['verify_ms']:.1f}, "
+                         f"commit {c['commit_ms']:.1f})")
         if "step_curve" in res:
             c = res["step_curve"]
             grid = "; ".join(f"B={b}: " + ", ".join(f"N={n} {ms:.1f}" for n, ms in zip(c["nodes"], row))
@@ -467,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 450 s, quick 280 s)")
     p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
     p.add_argument("--parts", default="a,b,c,d,e", help="which parts to run (b includes c)")
+    p.add_argument("--prompts", type=int, default=8, help="random prompts of the losslessness part (not --quick)")
     p.add_argument("--commit", default=None, help="the git commit measured (recorded in the report)")
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")

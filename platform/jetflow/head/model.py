@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jetflow.head.config import HeadConfig
+from jetflow.sdpa import scaled_dot_product_attention
 
 
 class RMSNorm(nn.Module):
@@ -70,7 +71,7 @@ class Attention(nn.Module):
     def attend(self, x, rope_q, k, v, mask):
         b, q_len, _ = x.shape
         q = _rotate(self.q_norm(self.q_proj(x).view(b, q_len, self.n_heads, self.head_dim)).transpose(1, 2), *rope_q)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
     def forward(self, x, context, rope_q, rope_kv, mask):

@@ -14,7 +14,9 @@ the same attention. One query token (plain decoding) is folded the same way, wit
 Transformers do this themselves; 5.20 repeats there too). Everything else (several tokens without a mask:
 causal prefill; a per-head mask; softcap; a position bias) goes to Transformers' own `sdpa` unchanged.
 
-Registered with Transformers' public `AttentionInterface` / `AttentionMaskInterface` under `GQA_SDPA`;
+Both paths run with cuDNN's SDPA backend off (`jetflow.sdpa`: on Hopper it rebuilt a plan for every new
+key length, every decoding step). Registered with Transformers' public `AttentionInterface` /
+`AttentionMaskInterface` under `GQA_SDPA`;
 `TargetModel` switches a model loaded with `sdpa` to it.
 """
 
@@ -26,6 +28,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from jetflow.sdpa import scaled_dot_product_attention, without_cudnn
 
 GQA_SDPA = "jetflow_gqa_sdpa"
 
@@ -54,14 +58,15 @@ def gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
     shared = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)
     if (groups <= 1 or not shared or (attention_mask is None and n > 1) or kwargs.get("softcap") is not None
             or kwargs.get("position_bias") is not None or kwargs.get("output_attentions")):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        with without_cudnn():
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, is_causal=is_causal, **kwargs)
     length = key.shape[2]
     if attention_mask is None or n == 1:  # one query row per head: the mask broadcasts over the folded heads
         mask = None if attention_mask is None else attention_mask[..., :length]
     else:
         mask = _packed_mask(attention_mask, groups, length)
-    out = torch.nn.functional.scaled_dot_product_attention(
+    out = scaled_dot_product_attention(
         query.reshape(b, key.shape[1], groups * n, dim), key, value, attn_mask=mask, dropout_p=dropout,
         scale=scaling, is_causal=False)
     return out.reshape(b, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
