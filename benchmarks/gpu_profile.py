@@ -78,33 +78,40 @@ def profile_case(fn, device: torch.device, steps: int, warmup: int = 2) -> tuple
             fn()
             sync(device)
             walls.append((time.perf_counter() - t0) * 1000)
+    from torch.autograd import DeviceType
+
     events = prof.key_averages()
+    raw = prof.events()
     per_step = {"wall_ms": statistics.median(walls), "steps": steps}
 
     def count(names):
         return sum(e.count for e in events if e.key in names) / steps
 
-    per_step["device_busy_ms"] = sum(e.self_device_time_total for e in events) / 1000 / steps
+    # device busy: the kernels' own time ranges (a label also appears on the device's timeline as a user
+    # annotation spanning its kernels and the gaps between them: not counted)
+    kernels = [e for e in raw if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)]
+    per_step["device_busy_ms"] = sum(e.time_range.elapsed_us() for e in kernels) / 1000 / steps
     per_step["kernel_launches"] = count(LAUNCH)
     per_step["memcpy_calls"] = count(COPY)
     per_step["syncs"] = count(SYNC)
     per_step["aten_ops"] = sum(e.count for e in events if e.key.startswith("aten::")) / steps  # nested ones too
-    phases = {}
-    for e in events:
-        if "/" in e.key or e.key == "commit":
-            phases[e.key] = {"host_ms": e.cpu_time_total / 1000 / steps,
-                             "device_ms": e.device_time_total / 1000 / steps, "calls": e.count / steps}
-    # launches per phase: count launch events whose enclosing labelled range is the phase
+    phases: dict[str, dict] = {}
+    for e in raw:  # the labels' host ranges, and the kernels launched inside them
+        if e.device_type == DeviceType.CPU and ("/" in e.name or e.name == "commit"):
+            ph = phases.setdefault(e.name, {"host_ms": 0.0, "device_ms": 0.0, "calls": 0.0})
+            ph["host_ms"] += e.time_range.elapsed_us() / 1000 / steps
+            ph["device_ms"] += e.device_time_total / 1000 / steps
+            ph["calls"] += 1 / steps
     launches: dict[str, int] = {}
-    for ev in prof.events():
+    for ev in raw:  # launches per phase: the innermost labelled range around each launch
         if ev.name in LAUNCH:
-            parent, owner = ev.cpu_parent, None
+            parent, owner = ev.cpu_parent, "(outside phases)"
             while parent is not None:
                 if parent.name in phases:
                     owner = parent.name
                     break
                 parent = parent.cpu_parent
-            launches[owner or "(outside phases)"] = launches.get(owner or "(outside phases)", 0) + 1
+            launches[owner] = launches.get(owner, 0) + 1
     for name, n in launches.items():
         phases.setdefault(name, {})["kernel_launches"] = n / steps
     per_step["phases"] = phases

@@ -42,3 +42,21 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
         assert jetspec[name]["projected_tokens_per_s"] == pytest.approx(tau * 1000 / jetspec["step_ms"])
     assert jetspec["biggest_gap"] == max(jetspec["gaps_ms"], key=jetspec["gaps_ms"].get)
     assert report["commit"] is None  # --commit not given
+
+
+@pytest.mark.slow
+def test_gpu_profile_runs_quick_on_cpu_and_labels_every_engine_phase(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--device", "cpu", "--quick",
+                             "--steps", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                            env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_profile.json").read_text())
+    assert set(report["cases"]) == {"engine-b1-n16", "engine-b1-plain", "target-step"}
+    tree = report["cases"]["engine-b1-n16"]
+    assert {"draft/head+topk", "draft/head+topk/head_forward", "draft/build_tree", "verify/forward",
+            "verify/accept_walk", "commit"} <= set(tree["phases"])
+    phases = tree["phases"]
+    assert 0 < phases["draft/head+topk/head_forward"]["host_ms"] <= phases["draft/head+topk"]["host_ms"]
+    assert phases["verify/forward"]["calls"] == 1.0  # one target forward per step, the labels counted per step
+    assert tree["aten_ops"] > report["cases"]["engine-b1-plain"]["aten_ops"] > 0
+    assert (tmp_path / "profile-target-step.txt").read_text().strip()
