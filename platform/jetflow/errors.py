@@ -35,3 +35,8 @@ class VllmUnavailableError(JetFlowError):
 
 class ExportUnsupportedError(JetFlowError):
     """A head with an option the export target cannot load exactly (e.g. vLLM's DFlash has no per-tap norms)."""
+
+
+class TrackingUnreachableError(JetFlowError):
+    """A worker that cannot reach the MLflow tracking server it was told to log to (a loopback address handed
+    to another node, a server down, a firewall): its task fails with the reason instead of losing the logs."""

@@ -64,8 +64,11 @@ class LiveRun:
     resumed: bool          # continued from an earlier, interrupted training of the same folder
 
     def worker_config(self) -> dict[str, str]:
-        """What a training worker needs to log into this run (JSON-able, for Ray Train's loop config)."""
-        return {"run_id": self.run_id, "tracking_uri": tracking_uri()}
+        """What a training worker needs to log into this run (JSON-able, for Ray Train's loop config): the
+        tracking URI as a worker on another node reaches it (`jetflow.cluster.handed_tracking_uri`)."""
+        from jetflow.cluster import handed_tracking_uri
+
+        return {"run_id": self.run_id, "tracking_uri": handed_tracking_uri()}
 
 
 def recorded_run(head_dir: str | Path) -> Run | None:
@@ -155,6 +158,22 @@ def training_run(cfg, out: str | Path, features: Any, *, target_id: str | None =
             signal.signal(sig, handler)
 
 
+def check_reachable(run_id: str) -> None:
+    """TrackingUnreachableError unless this process can read run `run_id` from its tracking store: a training
+    worker that cannot log fails at once with the reason, instead of training with its metrics lost."""
+    from jetflow.errors import TrackingUnreachableError
+
+    try:
+        client().get_run(run_id)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the store is this error
+        import socket
+
+        raise TrackingUnreachableError(
+            f"this worker ({socket.gethostname()}) cannot reach MLflow run {run_id} at {tracking_uri()}: "
+            f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. On a cluster the tracking "
+            "server must listen on an address every node reaches (mlflow server --host 0.0.0.0)") from None
+
+
 class StepLogger:
     """The training process's side of a live run, given as `train(log=..., on_start=...)`: step metrics
     are buffered with their own timestamps and written in batches — at every `flush_every`-th step (the
@@ -171,6 +190,7 @@ class StepLogger:
         self._last_flush = time.monotonic()
         self._warned = False
         self._monitor = None
+        check_reachable(run_id)
         if system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
