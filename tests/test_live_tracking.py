@@ -25,6 +25,7 @@ from jetflow.tracking import log_evaluation, log_training_run, plots, register_h
 from jetflow.tracking.datasets import run_datasets
 from jetflow.tracking.live import (ConsoleProgress, LiveRun, StepLogger, progress_line, recorded_run,
                                   train_in_process, training_run)
+from jetflow.storage import TuneLocation
 from jetflow.tracking.runs import ending, log_figures, sweep_parent_run
 from jetflow.tracking.store import client, experiment_for
 from jetflow.train.config import TrainConfig
@@ -399,9 +400,9 @@ def test_the_arch_sweep_parent_run_has_its_table_and_picture_and_a_stopped_trial
     _, features = data
     cfg = ArchSweepConfig(target=TARGET, preset="smoke", search=ArchSearch(num_hidden_layers=[1, 2], causal=[],
                                                                            lr=[]))
-    parent = sweep_parent_run(TARGET, tmp_path / "sweep" / "mlflow_parent_run.json", "arch sweep t", "arch_sweep",
+    parent = sweep_parent_run(TARGET, TuneLocation(str(tmp_path), None, "sweep"), "arch sweep t", "arch_sweep",
                               {"max_steps": 4, "search": cfg.space})
-    assert sweep_parent_run(TARGET, tmp_path / "sweep" / "mlflow_parent_run.json", "arch sweep t", "arch_sweep",
+    assert sweep_parent_run(TARGET, TuneLocation(str(tmp_path), None, "sweep"), "arch sweep t", "arch_sweep",
                             {}) == parent  # a resumed sweep continues its parent run
     rows, histories = [], []
     for layers, steps in ((1, 4), (2, 2)):  # the 2-layer trial "stopped by ASHA" at step 2
@@ -440,7 +441,7 @@ def test_the_arch_sweep_parent_run_has_its_table_and_picture_and_a_stopped_trial
 def test_a_budget_sweep_parent_run_gets_the_figures_and_a_trial_run_no_single_point_curve(store, tmp_path):
     from tests.test_tracking import report
 
-    parent = sweep_parent_run(TARGET, tmp_path / "budget" / "mlflow_parent_run.json", "budget sweep t",
+    parent = sweep_parent_run(TARGET, TuneLocation(str(tmp_path), None, "budget"), "budget sweep t",
                               "budget_sweep", {"budgets": [2, 4, 8]})
     log_figures(parent, plots.budget_sweep_figures(sweep_rows()))
     assert {a.path for a in client().list_artifacts(parent, "plots")} == \

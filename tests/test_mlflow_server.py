@@ -124,6 +124,7 @@ def test_the_ui_shows_a_live_training_run_its_datasets_lineage_and_a_sweeps_pict
     regeneration's content hash), the version page's description (a link to the training run) and the
     sweep parent run's plot artifacts."""
     from jetflow.tracking import plots
+    from jetflow.storage import TuneLocation
     from jetflow.tracking.runs import log_figures, sweep_parent_run
     from tests.conftest import tiny_target
     from tests.test_live_tracking import TARGET as TINY, small_config, sweep_rows, train_here, write_training_data
@@ -150,7 +151,7 @@ def test_the_ui_shows_a_live_training_run_its_datasets_lineage_and_a_sweeps_pict
                             version=version))["model_version"]
     assert f"runs/{run_id})" in mv["description"] and digest in mv["description"]
 
-    parent = sweep_parent_run(TINY, tmp_path / "sweep" / "parent.json", "budget sweep ui", "budget_sweep", {})
+    parent = sweep_parent_run(TINY, TuneLocation(str(tmp_path), None, "sweep"), "budget sweep ui", "budget_sweep", {})
     log_figures(parent, plots.budget_sweep_figures(sweep_rows()))
     png = _ui_get(url, "get-artifact", path="plots/speedup_vs_budget.png", run_uuid=parent)
     assert png.startswith(b"\x89PNG")

@@ -21,6 +21,8 @@ from jetflow.sweeps.budget import BudgetSweepConfig, SweepOutcome, SweptHead, ru
 class MainJobConfig:
     head: str = ""                     # the head to sweep: folder, name, models:/NAME@ALIAS; "" = the champion
     preset: str = "demo"               # trained first when no head is given and the registry has no champion
+    train_workers: int = 1             # Ray Train workers for that training (on a GPU cluster: a GPU each)
+    regen_workers: int = 0             # Ray actors regenerating its data (0: the preset's own setting)
     store_best: bool = True            # write the best setting onto the head's registry version
     sweep: BudgetSweepConfig = field(default_factory=BudgetSweepConfig)
 
@@ -29,6 +31,8 @@ class MainJobConfig:
 
         if self.preset not in PRESETS:
             raise InvalidSettingError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        if self.train_workers < 1 or self.regen_workers < 0:
+            raise InvalidSettingError("train_workers must be >= 1 and regen_workers >= 0")
 
 
 @dataclass
@@ -53,24 +57,24 @@ def select_head(cfg: MainJobConfig) -> tuple[SweptHead, bool]:
             raise InvalidSettingError("the budget sweep needs a trained head, not a random one or none")
         path = ref.resolve()
         mv = find_version(target, uri=ref.uri, path=path)
-        return SweptHead(str(path), ref.uri, (mv.name, str(mv.version)) if mv else None), False
+        return SweptHead(str(path), ref.uri, (mv.name, str(mv.version)) if mv else None, ref=str(ref)), False
     champ = resolve_alias(target, CHAMPION)
     if champ is not None:
         return SweptHead(str(champ.path), f"models:/{champ.name}@{CHAMPION}", (champ.name, champ.version)), False
     print(f"[main job] no champion registered for {target} ({registered_model_name(target)}): "
           f"training the {cfg.preset!r} preset first", flush=True)
-    return train_and_register(cfg.preset, target), True
+    return train_and_register(cfg.preset, target, cfg.train_workers, cfg.regen_workers), True
 
 
-def train_and_register(preset: str, target_id: str) -> SweptHead:
-    """Train `preset`, log it as a training run, register it, alias it `challenger`."""
-    from jetflow.target import TargetModel
+def train_and_register(preset: str, target_id: str, workers: int = 1, regen_workers: int = 0) -> SweptHead:
+    """Train `preset`, log it as a training run, register it, alias it `challenger`. (The target revision is the
+    one the head's config.json records: no target is loaded here, which on a cluster's CPU head matters.)"""
     from jetflow.tracking import CHALLENGER, log_training_run, register_head, registered_model_name, set_alias
     from jetflow.train.pipeline import run_pipeline
 
-    head_dir = run_pipeline(preset, name=preset, model=target_id)
-    target = TargetModel.load(target_id)
-    run_id = log_training_run(head_dir, target_id, target.revision)
+    head_dir = run_pipeline(preset, name=preset, model=target_id, workers=workers,
+                            regen_overrides={"workers": regen_workers} if regen_workers else None)
+    run_id = log_training_run(head_dir, target_id)
     name = registered_model_name(target_id)
     version = register_head(run_id, target_id)
     set_alias(name, CHALLENGER, version)
@@ -100,7 +104,7 @@ def store_tree_profile(sweep: SweepOutcome, registered: tuple[str, str]) -> str 
 
 
 def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
-    from jetflow.sweeps.cluster import init_ray
+    from jetflow.cluster import init_ray
     from jetflow.tracking import promote, set_serving_profile, set_tree_config
 
     t0 = time.perf_counter()

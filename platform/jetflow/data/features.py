@@ -7,6 +7,10 @@ Layout: one safetensors file per shard of sequences, flat over tokens:
   offsets (n+1,) int64 · response_start (n,) int64
 Bytes per token = 2·k·H + 4 + 6·K (SmolLM2, k=5, K=8: 5,812 B/token). Teacher row p is the target's
 distribution for x_{p+1}; it is only computed from the last prompt token on (rows before stay zero). Shards are written atomically, so an interrupted build resumes.
+
+Where: the folder `features/<key>` of cluster storage (`jetflow.storage`; `$JETFLOW_HOME` on one machine), each
+shard published as it is written, so a build resumed on another node skips what storage holds, and every
+Ray Train worker reads the cache through its own node's copy.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from jetflow.errors import InvalidSettingError
-from jetflow.paths import jetflow_home
 
 FP16_MAX = 65504.0
 
@@ -103,16 +106,20 @@ def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None 
     from tqdm import tqdm
 
     from jetflow.data.regenerate import MANIFEST, load_regenerated
+    from jetflow.storage import storage
 
     manifest = json.loads((regen_dir / MANIFEST).read_text())
-    out = out or jetflow_home() / "features" / feature_key(target, spec, manifest)
+    rel, present = None, {}
+    if out is None:  # the content-keyed folder in cluster storage: shards already there are kept
+        rel = f"features/{feature_key(target, spec, manifest)}"
+        out, present = storage().staging(rel), storage().files(rel)
     out.mkdir(parents=True, exist_ok=True)
     data = load_regenerated(regen_dir)
     n = len(data)
     shards = [(i, min(i + spec.shard_sequences, n)) for i in range(0, n, spec.shard_sequences)]
     for s, (lo, hi) in enumerate(tqdm(shards, desc="features", unit="shard", disable=not progress)):
         path = out / f"shard-{s:05d}.safetensors"
-        if path.exists():
+        if path.exists() or path.name in present:
             continue
         toks, feats, t_ids, t_logp, offsets, starts = [], [], [], [], [0], []
         for row in data.select(range(lo, hi)):
@@ -133,10 +140,14 @@ def build_features(regen_dir: Path, target, spec: FeatureSpec, out: Path | None 
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp))
         os.replace(tmp, path)
+        if rel is not None:
+            storage().publish(rel, [path.name])
     meta = {"spec": asdict(spec), "data_manifest": manifest, "shards": len(shards),
             "target_model_id": target.model_id, "target_revision": target.revision,
             "bytes_per_token": spec.bytes_per_token(target.hidden_size)}
     (out / "features.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if rel is not None:
+        storage().publish(rel, ["features.json"])
     return out
 
 

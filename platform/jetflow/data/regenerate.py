@@ -5,6 +5,11 @@ atomically as one Parquet file, so a killed job resumes where it stopped: finish
 skipped, nothing is lost or duplicated. Shards can be spread over Ray actors, one CPU and one target
 copy each (two measured 1.74× one; BENCHMARKS.md).
 A manifest records target id/revision, chat template, settings, counts and a content hash.
+
+Where: the folder `data/regen/<model>-<key>` of cluster storage (`jetflow.storage`; `$JETFLOW_HOME` on one
+machine). On a multi-node cluster the shards are answered by Ray actors on worker nodes (never by the
+driver, which loads no target), each shard published to storage as it is written; the driver writes the
+manifest from what storage holds, so a rerun answers only the shards storage lacks.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import pyarrow.parquet as pq
 from jetflow.data.prompts import PromptItem, load_prompts, normalize_text, prompt_set_version
 from jetflow.data.shards import SCHEMA, cut_at_stop, encode_shard, write_shard
 from jetflow.errors import InvalidSettingError
-from jetflow.paths import jetflow_home
 
 MANIFEST = "manifest.json"
 BACKENDS = ("hf", "vllm")
@@ -122,8 +126,15 @@ def select_prompts(cfg: RegenConfig) -> list[PromptItem]:
     return out[: cfg.num_prompts]
 
 
+def data_rel(cfg: RegenConfig, revision: str) -> str:
+    """The output's folder in cluster storage: content-keyed, so every node and rerun finds the same one."""
+    return f"data/regen/{Path(cfg.model).name}-{cfg.key(revision)}"
+
+
 def default_output_dir(cfg: RegenConfig, revision: str) -> Path:
-    return jetflow_home() / "data" / "regen" / f"{Path(cfg.model).name}-{cfg.key(revision)}"
+    from jetflow.storage import storage
+
+    return storage().staging(data_rel(cfg, revision))
 
 
 def _shard_path(out: Path, index: int) -> Path:
@@ -164,9 +175,15 @@ def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, targ
     return {"prompts": len(encoded), "skipped": skipped, "response_tokens": gen_tokens}
 
 
+def target_info(target) -> dict:
+    """What the manifest records of the target that answered (so the driver need not load one)."""
+    return {"model_id": target.model_id, "revision": target.revision,
+            "chat_template_sha256": hashlib.sha256((target.tokenizer.chat_template or "").encode()).hexdigest()[:16]}
+
+
 class _ShardWorker:
-    """A Ray actor holding one target copy (loaded once, not once per shard); one CPU (and one GPU when the
-    config's device is one) each."""
+    """A Ray actor holding one target copy (loaded once, not once per shard), placed and answered where it runs
+    (its device resolved on its node); one CPU (and one GPU when the work wants one) each."""
 
     def __init__(self, cfg: RegenConfig):
         self.cfg, self.target = cfg, cfg.load_target()
@@ -175,8 +192,18 @@ class _ShardWorker:
         """Answers once the actor is placed and its target loaded."""
         return True
 
-    def run(self, items: list[PromptItem], path: Path) -> dict:
-        return regenerate_shard(self.cfg, items, path, target=self.target)
+    def info(self) -> dict:
+        return target_info(self.target)
+
+    def run(self, items: list[PromptItem], path: str, rel: str | None = None) -> dict:
+        """Answer a shard into `path` (one machine), or into folder `rel` of cluster storage (published)."""
+        if rel is None:
+            return regenerate_shard(self.cfg, items, Path(path), target=self.target)
+        from jetflow.storage import storage
+
+        counts = regenerate_shard(self.cfg, items, storage().staging(rel) / path, target=self.target)
+        storage().publish(rel, [path])
+        return counts
 
 
 def map_on_started_actors(actors: list, ready: Callable[[Any], Any], run: Callable[[Any, Any], Any],
@@ -206,29 +233,35 @@ def map_on_started_actors(actors: list, ready: Callable[[Any], Any], run: Callab
             ray.kill(a)
 
 
-def _on_ray_actors(cfg: RegenConfig, jobs: list[tuple[list[PromptItem], Path]]):
-    """Shards spread over `cfg.workers` Ray actors (one CPU each); yields each shard's counts as it finishes.
-    More workers than Ray has CPUs: the extra actors wait for CPUs while the started ones do all the shards."""
+def _start_actors(cfg: RegenConfig, n: int) -> list:
+    """`n` shard actors (one CPU each; a GPU each when the work wants one — decided from the cluster, not
+    from this driver's node)."""
     import ray
 
-    actor = ray.remote(num_cpus=1, num_gpus=1 if cfg.on_gpu() else 0)(_ShardWorker)
-    n = min(cfg.workers, len(jobs))
+    from jetflow.cluster import wants_gpu
+
+    actor = ray.remote(num_cpus=1, num_gpus=1 if wants_gpu(cfg.device) else 0)(_ShardWorker)
     actors = [actor.remote(cfg) for _ in range(n)]  # starts a local Ray if none is running
     cpus = int(ray.cluster_resources().get("CPU", 0))
     if n > cpus:
         log.warning("regeneration: %d workers but Ray has %d CPUs (one per worker): %d start now, the rest "
                     "when CPUs free up or nodes join", n, cpus, cpus)
-    yield from map_on_started_actors(actors, lambda a: a.ready.remote(), lambda a, job: a.run.remote(*job), jobs)
+    return actors
 
 
 def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
                max_shards: int | None = None) -> Path:
-    """Run (or resume) regeneration; returns the output folder holding shards + manifest.json.
+    """Run (or resume) regeneration; returns the output folder holding shards + manifest.json (on a multi-node
+    cluster: this node's view of the folder in cluster storage, whose manifest is here too).
     `max_shards` stops after that many new shards (time-boxing; a rerun continues)."""
     if cfg.backend == "vllm":
         from jetflow.vllm import require_vllm
 
         require_vllm("regeneration with backend='vllm'")  # before minutes of target loading, not after
+    from jetflow.cluster import is_multi_node
+
+    if cfg.workers > 1 or is_multi_node():
+        return _regenerate_on_actors(cfg, out, progress, max_shards)
     target = cfg.load_target()
     out = out or default_output_dir(cfg, target.revision)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,32 +274,102 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
     if todo:
         from tqdm import tqdm
 
-        done = (_on_ray_actors(cfg, [(shards[i], _shard_path(out, i)) for i in todo]) if cfg.workers > 1 else
-                (regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target) for i in todo))
+        done = (regenerate_shard(cfg, shards[i], _shard_path(out, i), target=target) for i in todo)
         for _ in tqdm(done, total=len(todo), desc="regenerate", unit="shard", disable=not progress):
             pass
     seconds = time.perf_counter() - t0
     if not complete:
         return out  # no manifest until every shard exists
-    return write_manifest(cfg, out, target, len(shards), seconds if todo else None)
+    return write_manifest(cfg, out, target_info(target), len(shards), seconds if todo else None)
 
 
-def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds: float | None) -> Path:
+def _regenerate_on_actors(cfg: RegenConfig, out: Path | None, progress: bool, max_shards: int | None) -> Path:
+    """Shards spread over `max(1, cfg.workers)` Ray actors; this process loads no target (the first actor to
+    start says which revision answers). On a multi-node cluster every shard goes to cluster storage and the
+    manifest is written from what storage holds."""
+    import ray
+
+    items = select_prompts(cfg)
+    shards = [items[i : i + cfg.shard_size] for i in range(0, len(items), cfg.shard_size)]
+    actors = _start_actors(cfg, min(max(1, cfg.workers), len(shards)))
+    try:
+        return _answer_on(actors, cfg, shards, out, progress, max_shards)
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def _answer_on(actors: list, cfg: RegenConfig, shards: list, out: Path | None, progress: bool,
+               max_shards: int | None) -> Path:
+    import ray
+
+    from jetflow.cluster import is_multi_node
+    from jetflow.storage import storage
+
+    first, _ = ray.wait([a.info.remote() for a in actors], num_returns=1)
+    info = ray.get(first[0])
+    shared = is_multi_node()
+    store = storage()
+    if out is None:
+        rel = data_rel(cfg, info["revision"])
+        out = store.staging(rel)
+    else:
+        rel = store.rel(out) if shared else None  # one machine: the folder as given
+    if shared:
+        present = set(store.files(rel))
+        done_shards = {i for i in range(len(shards)) if _shard_path(out, i).name in present}
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        done_shards = {i for i in range(len(shards)) if _shard_path(out, i).exists()}
+    todo = [i for i in range(len(shards)) if i not in done_shards]
+    complete = len(todo) <= (max_shards if max_shards is not None else len(todo))
+    todo = todo[:max_shards] if max_shards is not None else todo
+    jobs = [(shards[i], _shard_path(out, i).name if shared else str(_shard_path(out, i))) for i in todo]
+    t0 = time.perf_counter()
+    from tqdm import tqdm
+
+    done = map_on_started_actors(actors, lambda a: a.ready.remote(),
+                                 lambda a, job: a.run.remote(job[0], job[1], rel if shared else None), jobs)
+    for _ in tqdm(done, total=len(jobs), desc="regenerate", unit="shard", disable=not progress):
+        pass
+    seconds = time.perf_counter() - t0
+    if not complete:
+        return out
+    return write_manifest(cfg, out, info, len(shards), seconds if todo else None, rel=rel if shared else None)
+
+
+def write_manifest(cfg: RegenConfig, out: Path, info: dict, num_shards: int, seconds: float | None,
+                   rel: str | None = None) -> Path:
+    """The manifest of `num_shards` shards in `out` — or, with `rel`, of the shards in that folder of cluster
+    storage, written there and into `out` (this node's view of it). `info`: `target_info` of the target (or
+    the target itself)."""
+    from jetflow.storage import storage
+
+    if not isinstance(info, dict):
+        info = target_info(info)
+
+    store = storage()
+
+    def table(i: int):
+        if rel is None:
+            return pq.read_table(_shard_path(out, i))
+        return pq.read_table(store.path(f"{rel}/{_shard_path(out, i).name}"), filesystem=store.filesystem)
+
     digest = hashlib.sha256()
     prompts = tokens = stop = 0
     for i in range(num_shards):
-        table = pq.read_table(_shard_path(out, i))
-        for pid, resp in zip(table["prompt_id"].to_pylist(), table["response_ids"].to_pylist()):
+        t = table(i)
+        for pid, resp in zip(t["prompt_id"].to_pylist(), t["response_ids"].to_pylist()):
             digest.update(pid.encode())
             digest.update(json.dumps(resp).encode())
             tokens += len(resp)
-        prompts += table.num_rows
-        stop += sum(1 for f in table["finish_reason"].to_pylist() if f == "stop")
+        prompts += t.num_rows
+        stop += sum(1 for f in t["finish_reason"].to_pylist() if f == "stop")
     old = json.loads((out / MANIFEST).read_text()) if (out / MANIFEST).exists() else {}
     manifest = {
-        "target_model_id": target.model_id,
-        "target_revision": target.revision,
-        "chat_template_sha256": hashlib.sha256((target.tokenizer.chat_template or "").encode()).hexdigest()[:16],
+        "target_model_id": info["model_id"],
+        "target_revision": info["revision"],
+        "chat_template_sha256": info["chat_template_sha256"],
         "settings": {**asdict(cfg), "dtype": cfg.target_dtype()},  # resolved: the key reads the same anywhere
         "shards": num_shards,
         "sequences": prompts,
@@ -279,7 +382,13 @@ def write_manifest(cfg: RegenConfig, out: Path, target, num_shards: int, seconds
         manifest["prompt_set_versions"] = versions
     if seconds:
         manifest["response_tokens_per_s"] = tokens / seconds
+    if rel is not None and not store.is_object_store:
+        store.write_json(f"{rel}/{MANIFEST}", manifest)  # out is that folder
+        return out
+    out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if rel is not None:
+        store.write_json(f"{rel}/{MANIFEST}", manifest)
     return out
 
 

@@ -1,8 +1,12 @@
 """Head references: what a user writes for a draft head — nothing (plain decoding), `random` or
 `random-bidirectional` (random init, for checking losslessness), a head folder, a name under
-`$JETFLOW_HOME/heads`, a published head's hub id (`z-lab/Qwen3-8B-DFlash-b16`, where a hub is reachable), or
-a registry URI `models:/NAME@ALIAS` / `models:/NAME/VERSION` — parsed and resolved here, in one place, for the
+`$JETFLOW_HOME/heads`, a published head's hub id (`z-lab/Qwen3-8B-DFlash-b16`, where a hub is reachable), a
+registry URI `models:/NAME@ALIAS` / `models:/NAME/VERSION`, or a folder in cluster storage
+(`s3://bucket/prefix/…`, e.g. a Ray Train checkpoint) — parsed and resolved here, in one place, for the
 CLI, evaluation, sweeps and serving alike.
+
+Across nodes only references travel: a registry URI or a storage URI is resolved on the node that loads
+the head (downloaded into its own `$JETFLOW_HOME`); a folder of one node's disk is not (`portable`).
 
 Registry URIs are resolved by a plugged-in resolver (`URI_RESOLVERS`): by default
 `jetflow.tracking.registry.resolve_head_uri`, imported on first use, so this package depends on nothing
@@ -24,6 +28,7 @@ from jetflow.paths import heads_dir
 RANDOM_HEADS = {"random": True, "random-bidirectional": False}  # name → causal
 NO_HEAD = "none"
 REGISTRY_SCHEME = "models:/"
+STORAGE_SCHEMES = ("s3://",)
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")   # org/name, as the hub spells repositories
 MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 # scheme → resolver (URI → local head folder), or "module:function" imported when first needed
@@ -79,10 +84,28 @@ def local_head_path(name_or_path: str | Path) -> Path:
     raise HeadNotFoundError(f"no head named {name_or_path!r} ({named} does not exist) and no such path; {_TRAIN_HINT}")
 
 
+def storage_head_path(uri: str) -> Path:
+    """A head folder in cluster storage (`s3://…/<folder>`: config.json + model.safetensors at its top), copied
+    into this node's cache (its top-level files: a checkpoint's optimizer states stay behind)."""
+    from jetflow.storage import storage
+
+    st = storage()
+    prefix = st.uri_for().rstrip("/") + "/"
+    if not uri.startswith(prefix):
+        raise HeadNotFoundError(f"{uri} is not in this node's cluster storage ({st.describe()}): set "
+                                "JETFLOW_STORAGE to the store that holds it")
+    rel = uri[len(prefix):].rstrip("/")
+    top = tuple(name for name in st.files(rel) if "/" not in name)
+    try:
+        return st.local(rel, required=("config.json", "model.safetensors"), only=top)
+    except FileNotFoundError as exc:
+        raise HeadNotFoundError(f"no head at {uri} ({exc})") from None
+
+
 @dataclass(frozen=True)
 class HeadRef:
-    """A parsed head reference. kind: "none", "random", "registry" (text is the URI) or "local" (a
-    folder, a name or a hub id; text as given)."""
+    """A parsed head reference. kind: "none", "random", "registry" (text is the URI), "storage" (a folder in
+    cluster storage, text is its URI) or "local" (a folder, a name or a hub id; text as given)."""
 
     kind: str
     text: str | None = None
@@ -99,6 +122,8 @@ class HeadRef:
         if text.startswith(REGISTRY_SCHEME):
             parse_models_uri(text)
             return cls("registry", text)
+        if text.startswith(STORAGE_SCHEMES):
+            return cls("storage", text)
         return cls("local", text)
 
     def __str__(self) -> str:
@@ -115,6 +140,8 @@ class HeadRef:
             return None
         if self.kind == "local":
             return local_head_path(self.text)
+        if self.kind == "storage":
+            return storage_head_path(self.text)
         resolver = URI_RESOLVERS[REGISTRY_SCHEME]
         if isinstance(resolver, str):
             module, _, fn = resolver.partition(":")
@@ -125,6 +152,23 @@ class HeadRef:
                                           "folder instead") from None
             URI_RESOLVERS[REGISTRY_SCHEME] = resolver
         return Path(resolver(self.text))
+
+    def portable(self) -> "HeadRef":
+        """This reference as a process on another node can resolve it: none, random, registry and storage
+        references as they are; a folder only when every node sees it (inside cluster storage on a mounted
+        filesystem). InvalidSettingError otherwise, saying what to do."""
+        if self.kind != "local":
+            return self
+        from jetflow.storage import storage
+
+        st = storage()
+        path = Path(self.text).expanduser()
+        if st.root is not None and path.is_absolute() and path.resolve().is_relative_to(st.root):
+            return self
+        raise InvalidSettingError(
+            f"head {self.text!r} is a folder on this node's disk, which other nodes of the cluster do not see: "
+            "register it (jobs/register.py --head … → models:/NAME/VERSION) or put it in cluster storage "
+            f"({st.describe()}) and pass that URI")
 
     def is_causal(self) -> bool:
         """Whether the head is causal, from its config.json alone (no weights, no target)."""
@@ -181,6 +225,8 @@ class LoadedHead:
     @property
     def label(self) -> str:
         """What responses and tables show: the URI, the folder, or "random"."""
+        if self.ref.kind == "storage":
+            return str(self.ref)
         return self.ref.uri or (str(self.path) if self.path is not None else str(self.ref))
 
     def describe(self) -> dict:

@@ -8,6 +8,10 @@ In MLflow the sweep is a parent run (`arch sweep <name>`) and every trial a live
 it (`jetflow.tracking.live`), so a trial ASHA stopped keeps its curves up to the stop and is marked KILLED;
 the parent run holds the summary table and the sweep's picture (simulated τ over steps per trial, final τ
 per setting).
+
+Across nodes: the data and feature caches are built on worker nodes into cluster storage, each trial's Ray
+Train run reads its node's copy, a finished trial's head comes back as its Ray Train checkpoint in storage,
+and the finalists are decoded by tasks on worker nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jetflow.errors import InvalidSettingError
-from jetflow.paths import heads_dir, jetflow_home
+from jetflow.paths import heads_dir
 from jetflow.train.config import TrainConfig
 from jetflow.tree import TreeSpec
 
@@ -63,7 +67,8 @@ class ArchSweepConfig:
     eval_prompts: int = 3                # per held-out set, for the finalists
     eval_new_tokens: int = 48            # tokens per prompt, for the finalists
     name: str = "arch-sweep"             # Tune experiment name (resumes when it exists)
-    storage: str = ""                    # absolute Tune storage path (default: $JETFLOW_HOME/ray_results)
+    storage: str = ""                    # absolute Tune storage path (default: cluster storage's ray_results,
+                                         # $JETFLOW_STORAGE; $JETFLOW_HOME/ray_results on one machine)
     max_concurrent: int = 2              # trials at once
     workers_per_trial: int = 1           # Ray Train workers per trial
     use_gpu: bool = False                # a GPU per Ray Train worker
@@ -96,23 +101,29 @@ class ArchSweepConfig:
             "checkpoint_every": self.max_steps, **sampled})
 
     @property
-    def storage_path(self) -> Path:
-        return Path(self.storage) if self.storage else jetflow_home() / "ray_results"
+    def location(self):
+        """Where the sweep's Tune state lives (`jetflow.storage.TuneLocation`)."""
+        from jetflow.storage import tune_location
+
+        return tune_location(self.name, self.storage)
 
 
 def prepare_features(cfg: ArchSweepConfig) -> dict[int, str]:
     """The preset's data, regenerated once, and one content-keyed feature cache per tap count searched
-    (every trial with that count reads the same cache). {num_taps: folder}."""
-    from jetflow.data.features import FeatureSpec, build_features
+    (every trial with that count reads the same cache), built where targets run (a worker node on a
+    cluster). {num_taps: the cache's folder in cluster storage, relative to it}."""
+    from jetflow.cluster import on_worker, wants_gpu
     from jetflow.data.regenerate import RegenConfig, regenerate
-    from jetflow.train.pipeline import PRESETS
+    from jetflow.storage import storage
+    from jetflow.train.pipeline import PRESETS, build_features_on_worker
 
     preset = PRESETS[cfg.preset]
-    regen = RegenConfig(**{**asdict(preset.regen), "model": cfg.target, "dtype": cfg.dtype})
-    regen_dir = regenerate(regen)
-    target = regen.load_target()
+    device = "cuda" if cfg.use_gpu else None
+    regen = RegenConfig(**{**asdict(preset.regen), "model": cfg.target, "device": device, "dtype": cfg.dtype})
+    regen_rel = storage().rel(regenerate(regen))
     taps = cfg.space.get("num_taps", [preset.train.num_taps])
-    return {k: str(build_features(regen_dir, target, FeatureSpec.for_target(target, k, preset.features_max_len)))
+    return {k: on_worker(build_features_on_worker, regen_rel, cfg.target, device, cfg.dtype, k,
+                         preset.features_max_len, num_gpus=1 if wants_gpu(device) else 0)
             for k in sorted(set(taps))}
 
 
@@ -123,15 +134,19 @@ def arch_trial(config: dict) -> None:
 
     from jetflow.train.ray_train import train_on_ray
 
+    from jetflow.storage import storage
+
     shared, sampled = config["shared"], config["arch"]
     trial_id = tune.get_context().get_trial_id()
     tcfg = TrainConfig(**{**shared["train"], **sampled, "name": f"{shared['name']}-{trial_id}"})
-    os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, whatever this worker inherited
-    train_on_ray(tcfg, shared["target"], Path(shared["features"][str(tcfg.num_taps)]),
-                 Path(shared["heads"]) / tcfg.name, num_workers=shared["workers"], use_gpu=shared["use_gpu"], dtype=shared.get("dtype"),
-                 storage=Path(shared["storage"]), callbacks=[TuneReportCallback()], run_name=f"train-{tcfg.name}",
-                 evals_only=True, cpus_per_worker=1 - DRIVER_CPU, parent_run_id=shared["parent_run_id"],
-                 mlflow_run_name=f"arch {tcfg.name}", progress_s=None)
+    os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, as this node reaches it
+    features = storage().local(shared["features"][str(tcfg.num_taps)], required=("features.json",),
+                               only=("features.json",))  # the cache's description; workers read their copy
+    train_on_ray(tcfg, shared["target"], features, heads_dir() / tcfg.name, num_workers=shared["workers"],
+                 use_gpu=shared["use_gpu"], dtype=shared.get("dtype"),
+                 storage=Path(shared["storage"]) if shared["storage"] else None, callbacks=[TuneReportCallback()],
+                 run_name=f"train-{tcfg.name}", evals_only=True, cpus_per_worker=1 - DRIVER_CPU,
+                 parent_run_id=shared["parent_run_id"], mlflow_run_name=f"arch {tcfg.name}", progress_s=None)
 
 
 @dataclass
@@ -150,41 +165,42 @@ class ArchOutcome:
 
 
 def run_arch_sweep(cfg: ArchSweepConfig, ray_address: str | None = None) -> ArchOutcome:
-    from jetflow.sweeps.cluster import init_ray
+    from jetflow.cluster import init_ray
     from jetflow.tracking.runs import ending, sweep_parent_run
     from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
     init_ray(ray_address)
-    exp_dir = cfg.storage_path / cfg.name
-    parent = sweep_parent_run(cfg.target, exp_dir / "mlflow_parent_run.json", f"arch sweep {cfg.name}", "arch_sweep",
+    parent = sweep_parent_run(cfg.target, cfg.location, f"arch sweep {cfg.name}", "arch_sweep",
                               {k: v for k, v in asdict(cfg).items() if k != "search"} | {"search": cfg.space})
     with ending(parent):  # FINISHED, or KILLED / FAILED when the sweep itself stops
-        out = _sweep(cfg, exp_dir, parent)
+        out = _sweep(cfg, parent)
     if out.failed:
         client().set_terminated(parent, "FAILED")
     out.seconds = time.perf_counter() - t0
     return out
 
 
-def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
+def _sweep(cfg: ArchSweepConfig, parent: str) -> ArchOutcome:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
+    from jetflow.cluster import handed_tracking_uri
     from jetflow.sweeps.cluster import trial_errors
-    from jetflow.tracking.store import tracking_uri
 
+    location = cfg.location
     features = prepare_features(cfg)
     base = cfg.base_train({})
     shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
-              "features": {str(k): v for k, v in features.items()}, "heads": str(heads_dir()), "name": cfg.name,
-              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "dtype": cfg.dtype, "storage": str(cfg.storage_path),
-              "parent_run_id": parent, "tracking_uri": tracking_uri()}
+              "features": {str(k): v for k, v in features.items()}, "name": cfg.name,
+              "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "dtype": cfg.dtype, "storage": cfg.storage,
+              "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
     # the trial's driver holds almost nothing (Tune refuses zero); its Ray Train workers ask for the rest
     trainable = tune.with_resources(arch_trial, {"cpu": DRIVER_CPU})
-    if tune.Tuner.can_restore(str(exp_dir)):
-        print(f"[arch sweep] resuming {exp_dir} (finished trials are kept)")
-        tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
+    if location.can_restore():
+        print(f"[arch sweep] resuming {location.describe()} (finished trials are kept)")
+        tuner = tune.Tuner.restore(location.path, trainable, resume_errored=True,
+                                   storage_filesystem=location.filesystem)
     else:
         asha = ASHAScheduler(time_attr="step", max_t=cfg.max_steps, grace_period=min(cfg.grace_steps, cfg.max_steps),
                              reduction_factor=2)
@@ -193,7 +209,8 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
             param_space={"arch": {k: tune.grid_search(v) for k, v in cfg.space.items()}, "shared": shared},
             tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=asha,
                                         max_concurrent_trials=cfg.max_concurrent),
-            run_config=tune.RunConfig(name=cfg.name, storage_path=str(cfg.storage_path), verbose=1),
+            run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
+                                      storage_filesystem=location.filesystem, verbose=1),
         )
     grid = tuner.fit()
     rows, histories = [], []
@@ -203,7 +220,8 @@ def _sweep(cfg: ArchSweepConfig, exp_dir: Path, parent: str) -> ArchOutcome:
             continue
         rows.append({**res.config["arch"], "tree_tau": m[METRIC], "chain_tau": m.get("eval/chain_tau", math.nan),
                      "step": m.get("step", 0), "finished": "train/seconds" in m,
-                     "head_dir": str(Path(shared["heads"]) / f"{cfg.name}-{m['trial_id']}")})
+                     "head_dir": str(heads_dir() / f"{cfg.name}-{m['trial_id']}"),
+                     "checkpoint_path": m.get("checkpoint_path"), "mlflow_run_id": m.get("mlflow_run_id")})
         histories.append(_history(res, rows[-1], list(cfg.space)))
     _settle_trial_runs(rows)
     finalists = _finalize(cfg, rows)
@@ -240,7 +258,7 @@ def _settle_trial_runs(rows: list[dict]) -> None:
     from jetflow.tracking.store import client
 
     for row in rows:
-        run = recorded_run(row["head_dir"])
+        run = client().get_run(row["mlflow_run_id"]) if row.get("mlflow_run_id") else recorded_run(row["head_dir"])
         if run is None:
             continue
         status = "FINISHED" if row["finished"] else "KILLED"
@@ -274,25 +292,30 @@ def _log_parent(parent: str, cfg: ArchSweepConfig, rows: list[dict], histories: 
 
 def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:
     """Decode the best finished trials (ASHA let them run to the end) on held-out prompts, log and register
-    them; alias the best lossless one `challenger`."""
-    from jetflow.eval import measure_acceptance
-    from jetflow.head import load_head
-    from jetflow.target import TargetModel
+    them; alias the best lossless one `challenger`. A finished trial's head is its Ray Train checkpoint (in
+    cluster storage on a cluster, fetched here); it is decoded where targets run (`on_worker`)."""
+    from jetflow.cluster import is_multi_node, on_worker, wants_gpu
     from jetflow.tracking import CHALLENGER, log_training_run, register_head, registered_model_name, set_alias
+    from jetflow.train.pipeline import decode_on_worker
 
-    done = sorted((r for r in rows if r["finished"] and (Path(r["head_dir"]) / "model.safetensors").exists()),
+    done = sorted((r for r in rows if r["finished"] and (r.get("checkpoint_path")
+                                                          or (Path(r["head_dir"]) / "model.safetensors").exists())),
                   key=lambda r: -r["tree_tau"])
     if not done:
         return []
-    target = TargetModel.load(cfg.target)
+    device = "cuda" if cfg.use_gpu else None
     out = []
     for row in done[: cfg.finalists]:
         head_dir = Path(row["head_dir"])
-        decoded = measure_acceptance(target, load_head(head_dir), prompts_per_set=cfg.eval_prompts,
-                                     new_tokens=cfg.eval_new_tokens, trees=(TreeSpec(budget=32),))
+        head = str(head_dir)
+        if is_multi_node() or not (head_dir / "model.safetensors").exists():
+            head = _fetch_checkpoint(cfg, row["checkpoint_path"], head_dir)
+        decoded = on_worker(decode_on_worker, cfg.target, device, cfg.dtype, head, cfg.eval_prompts,
+                            cfg.eval_new_tokens, [TreeSpec(budget=32).to_dict()],
+                            num_gpus=1 if wants_gpu(device) else 0)
         metrics = {**json.loads((head_dir / "metrics.json").read_text()), **decoded}
         (head_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        run_id = log_training_run(head_dir, cfg.target, target.revision, run_name=f"arch {head_dir.name}")
+        run_id = log_training_run(head_dir, cfg.target, run_name=f"arch {head_dir.name}")
         version = register_head(run_id, cfg.target, tags={"jetflow.sweep": cfg.name})
         taus = [v for k, v in decoded.items() if k.startswith("tau/")]
         out.append({**{k: row[k] for k in cfg.space}, "simulated_tree_tau": row["tree_tau"], **decoded,
@@ -301,6 +324,18 @@ def _finalize(cfg: ArchSweepConfig, rows: list[dict]) -> list[dict]:
     if out[0]["lossless"] == 1.0:
         set_alias(registered_model_name(cfg.target), CHALLENGER, out[0]["version"])
     return out
+
+
+def _fetch_checkpoint(cfg: ArchSweepConfig, path: str, head_dir: Path) -> str:
+    """A trial's Ray Train checkpoint (`path` in the sweep's storage) copied into `head_dir` on this node; →
+    the reference a worker node resolves it by."""
+    from ray.train import Checkpoint
+
+    from jetflow.train.ray_train import checkpoint_uri
+
+    checkpoint = Checkpoint(path, filesystem=cfg.location.filesystem)
+    checkpoint.to_directory(str(head_dir))
+    return checkpoint_uri(checkpoint)
 
 
 def summary_table(rows: list[dict], keys: list[str]) -> str:

@@ -1,7 +1,11 @@
 """The budget sweep: Ray Tune over the tree settings (`TreeSpec`: algorithm × budget × width, × temperature)
 of one head, each trial a side-by-side evaluation — the head's setting and our AR loop on the same prompts —
 logged as an MLflow child run of the sweep's parent run. It only sweeps: choosing the head, storing the best
-setting and promoting it are the main job's (`jetflow.main_job`)."""
+setting and promoting it are the main job's (`jetflow.main_job`).
+
+Across nodes: trials get the head as a reference their node resolves (its registry URI, or a storage URI),
+never a folder of the driver's; Tune's state and the parent run's marker live in cluster storage; the step
+cost curve of the picture is measured by a task on a worker node of the trials' kind."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from jetflow.errors import InvalidSettingError
-from jetflow.paths import jetflow_home
 from jetflow.tree import TreeSpec
 
 SELECT = ("speedup", "tau")
@@ -33,7 +36,8 @@ class BudgetSweepConfig:
                                        # tokens/s with that many on the engine, beside plain decoding's
     select: str = "speedup"            # what "best" means: decode speedup vs our AR, or tau
     name: str = "budget-sweep"         # Tune experiment name (resumes when it exists)
-    storage: str = ""                  # absolute Tune storage path (default: $JETFLOW_HOME/ray_results)
+    storage: str = ""                  # absolute Tune storage path (default: cluster storage's ray_results,
+                                       # $JETFLOW_STORAGE; $JETFLOW_HOME/ray_results on one machine)
     max_concurrent: int = 2            # trials at once
     cpus_per_trial: float = 1.0        # Ray CPUs per trial (its torch threads)
     gpus_per_trial: float = 0.0        # Ray GPUs per trial (a trial given one decodes on it)
@@ -64,8 +68,11 @@ class BudgetSweepConfig:
                           concurrency=list(self.concurrency), baselines=False, cost_model=False, **grid)
 
     @property
-    def storage_path(self) -> Path:
-        return Path(self.storage) if self.storage else jetflow_home() / "ray_results"
+    def location(self):
+        """Where the sweep's Tune state lives (`jetflow.storage.TuneLocation`)."""
+        from jetflow.storage import tune_location
+
+        return tune_location(self.name, self.storage)
 
     def settings(self, block_size: int | None = None) -> list[dict[str, Any]]:
         """One trial per (TreeSpec, temperature), as Tune's JSON-able config: {"tree": dict, "temperature"}.
@@ -76,11 +83,23 @@ class BudgetSweepConfig:
 
 @dataclass(frozen=True)
 class SweptHead:
-    """The head a sweep measures: its local folder, the registry URI it came from, its registered version."""
+    """The head a sweep measures: its local folder, the registry URI it came from, its registered version, and
+    the reference it was given as (a storage URI travels as itself)."""
 
     path: str
     uri: str | None = None
     registered: tuple[str, str] | None = None      # (registered model name, version)
+    ref: str | None = None                         # as given (folder, name, models:/…, s3://…)
+
+    def for_trials(self) -> str:
+        """What trials load: this folder on one machine; on a multi-node cluster a reference every node
+        resolves (InvalidSettingError for a folder only this node has, saying to register it)."""
+        from jetflow.cluster import is_multi_node
+        from jetflow.head import HeadRef
+
+        if not is_multi_node():
+            return self.path
+        return str(HeadRef.parse(self.uri or self.ref or self.path).portable())
 
     @property
     def label(self) -> str:
@@ -91,10 +110,10 @@ class SweptHead:
 _LOADED: dict[tuple, Any] = {}
 
 
-def _target_and_head(target_id: str, head_path: str, dtype_name: str | None = None):
+def _target_and_head(target_id: str, head: str, dtype_name: str | None = None):
     """Loaded once per Tune worker process (actors are reused across trials); as many torch threads as
-    the trial has CPUs."""
-    key = (target_id, head_path, dtype_name)
+    the trial has CPUs. `head`: a folder, or a reference this node resolves (`SweptHead.for_trials`)."""
+    key = (target_id, head, dtype_name)
     if key not in _LOADED:
         import ray
         import torch
@@ -109,7 +128,7 @@ def _target_and_head(target_id: str, head_path: str, dtype_name: str | None = No
         # a trial given a GPU (--gpus-per-trial) decodes on it
         device, dtype = placement("cuda" if resources.get("GPU") else "cpu", dtype_name)
         target = TargetModel.load(target_id, device=device, dtype=dtype)
-        _LOADED[key] = (target, HeadRef.parse(head_path).load(target))
+        _LOADED[key] = (target, HeadRef.parse(head).load(target))
     return _LOADED[key]
 
 
@@ -174,8 +193,8 @@ def budget_trial(config: dict) -> None:
     from jetflow.tracking import log_evaluation
 
     setting, shared = config["setting"], config["shared"]
-    os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, whatever this worker inherited
-    target, loaded = _target_and_head(shared["target"], shared["head_path"], shared["sweep"].get("dtype"))
+    os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, as this node reaches it
+    target, loaded = _target_and_head(shared["target"], shared["head"], shared["sweep"].get("dtype"))
     if shared.get("head_uri"):  # report the head as the registry version it is
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
     sweep = BudgetSweepConfig(**shared["sweep"])
@@ -183,6 +202,11 @@ def budget_trial(config: dict) -> None:
     spec = TreeSpec.from_dict(setting["tree"])
     run_id = log_evaluation(report, run_name=f"{spec.key} t{setting['temperature']:g}",
                             parent_run_id=shared.get("parent_run_id"))
+    import ray
+
+    from jetflow.tracking.store import client
+
+    client().set_tag(run_id, "jetflow.node", ray.util.get_node_ip_address())  # where the trial decoded
     tune.report({**trial_metrics(report), "mlflow_run_id": run_id})
 
 
@@ -214,28 +238,44 @@ def _block_size(head_path: str) -> int | None:
         return None
 
 
-def _step_curve(cfg: BudgetSweepConfig, head: SweptHead):
-    """This machine's step cost curve for the head (measured once, cached): the picture's predictions."""
+def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max_slots: int, max_budget: int) -> dict:
+    """The step cost curve of this node's device for the head (measured once per node and device kind, cached
+    in its `$JETFLOW_HOME`), as a dict: a Ray task of the trials' kind on a cluster."""
     from jetflow.engine.cost import cached_step_curve
     from jetflow.head import HeadRef
     from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
+
+    device, torch_dtype = placement("cuda" if gpu else "cpu", dtype)
+    target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
+    return cached_step_curve(target, HeadRef.parse(head).load(target).head, max_slots=max_slots,
+                             max_budget=max_budget).to_dict()
+
+
+def _step_curve(cfg: BudgetSweepConfig, head: str):
+    """The step cost curve where the trials decode (this machine, or a worker node like theirs): the
+    picture's predictions."""
+    from jetflow.cluster import on_worker
+    from jetflow.engine.cost import StepCostCurve
 
     try:
-        target = TargetModel.load(cfg.target)
-        return cached_step_curve(target, HeadRef.parse(head.path).load(target).head, max_slots=max(cfg.concurrency),
-                                 max_budget=max(cfg.budgets))
+        curve = on_worker(step_curve_here, cfg.target, head, cfg.dtype, cfg.gpus_per_trial > 0, max(cfg.concurrency),
+                          max(cfg.budgets), num_cpus=cfg.cpus_per_trial, num_gpus=cfg.gpus_per_trial)
+        return StepCostCurve.from_dict(curve)
     except Exception as exc:  # noqa: BLE001 - a picture without predictions beats no sweep result
         print(f"[budget sweep] no cost curve for the predictions ({exc.__class__.__name__}: {exc})")
         return None
 
 
-def _parent_run(cfg: BudgetSweepConfig, exp_dir: Path, head: SweptHead) -> str:
+def _parent_run(cfg: BudgetSweepConfig, head: SweptHead) -> str:
     """The sweep's MLflow parent run; reused when the sweep resumes (its id lives beside Tune's state)."""
+    from jetflow.tracking.runs import PARENT_MARKER
     from jetflow.tracking.store import client, experiment_for
 
-    marker = exp_dir / "mlflow_parent_run.json"
-    if marker.exists():
-        run_id = json.loads(marker.read_text())["run_id"]
+    location = cfg.location
+    marker = location.read_json(PARENT_MARKER)
+    if marker and "run_id" in marker:
+        run_id = marker["run_id"]
         try:
             client().get_run(run_id)
             return run_id
@@ -247,8 +287,7 @@ def _parent_run(cfg: BudgetSweepConfig, exp_dir: Path, head: SweptHead) -> str:
     run = client().create_run(experiment_for(cfg.target), run_name=f"budget sweep {cfg.name}", tags=tags)
     for k, v in asdict(cfg).items():
         client().log_param(run.info.run_id, k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"run_id": run.info.run_id}))
+    location.write_json(PARENT_MARKER, {"run_id": run.info.run_id})
     return run.info.run_id
 
 
@@ -303,29 +342,32 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     """Run (or resume) the sweep of `head`: one Tune trial per setting, an MLflow child run each."""
     from ray import tune
 
-    from jetflow.sweeps.cluster import init_ray, trial_errors
-    from jetflow.tracking import tracking_uri
+    from jetflow.cluster import handed_tracking_uri, init_ray
+    from jetflow.sweeps.cluster import trial_errors
     from jetflow.tracking.plots import budget_sweep_figures
     from jetflow.tracking.runs import log_figures
     from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
     init_ray(ray_address)
-    exp_dir = cfg.storage_path / cfg.name
-    parent = _parent_run(cfg, exp_dir, head)
-    shared = {"target": cfg.target, "head_path": head.path, "head_uri": head.uri, "sweep": asdict(cfg),
-              "parent_run_id": parent, "tracking_uri": tracking_uri()}
+    location = cfg.location
+    trial_head = head.for_trials()  # before anything is logged: a folder other nodes cannot see fails here
+    parent = _parent_run(cfg, head)
+    shared = {"target": cfg.target, "head": trial_head, "head_uri": head.uri, "sweep": asdict(cfg),
+              "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
     trainable = tune.with_resources(budget_trial, {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
-    if tune.Tuner.can_restore(str(exp_dir)):
-        print(f"[budget sweep] resuming {exp_dir} (finished trials are kept)")
-        tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_errored=True)
+    if location.can_restore():
+        print(f"[budget sweep] resuming {location.describe()} (finished trials are kept)")
+        tuner = tune.Tuner.restore(location.path, trainable, resume_errored=True,
+                                   storage_filesystem=location.filesystem)
     else:
         tuner = tune.Tuner(
             trainable,
             param_space={"setting": tune.grid_search(cfg.settings(_block_size(head.path))), "shared": shared},
             tune_config=tune.TuneConfig(metric=cfg.select, mode="max", max_concurrent_trials=cfg.max_concurrent,
                                         reuse_actors=True),
-            run_config=tune.RunConfig(name=cfg.name, storage_path=str(cfg.storage_path), verbose=1),
+            run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
+                                      storage_filesystem=location.filesystem, verbose=1),
         )
     grid = tuner.fit()
     rows = []
@@ -344,7 +386,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     table = budget_by_concurrency(rows, best) if best is not None else {}
     c = client()
     c.log_text(parent, summary_table(rows, best), "sweep_table.md")
-    log_figures(parent, budget_sweep_figures(set_rows(rows, _step_curve(cfg, head))))
+    log_figures(parent, budget_sweep_figures(set_rows(rows, _step_curve(cfg, trial_head))))
     if best is not None:
         for k in ("tau", "speedup", "tokens_per_s"):
             c.log_metric(parent, f"best_{k}", float(best[k]))

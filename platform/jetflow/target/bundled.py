@@ -103,9 +103,15 @@ def prepare_bundled(name: str, force: bool = False) -> Path:
             "revision": f"{spec.pip_spec}:{source_sha256[:12]}",
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if (out / MANIFEST).exists() and not force:
+            return out  # another process on this node converted it meanwhile: keep theirs, readers may use it
         if out.exists():
             shutil.rmtree(out)
-        tmp.rename(out)  # atomic: an interrupted conversion leaves no half-written model
+        try:
+            tmp.rename(out)  # atomic: an interrupted conversion leaves no half-written model
+        except OSError:  # a concurrent conversion renamed its copy first
+            if not (out / MANIFEST).exists():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

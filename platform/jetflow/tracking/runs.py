@@ -323,24 +323,28 @@ def log_evaluation(report: dict | EvalReport, run_name: str | None = None, paren
 
 
 # --------------------------------------------------------------------------- sweeps' parent runs
-def sweep_parent_run(target_id: str, marker: Path, run_name: str, kind: str, params: Mapping[str, Any],
+PARENT_MARKER = "mlflow_parent_run.json"
+
+
+def sweep_parent_run(target_id: str, location, run_name: str, kind: str, params: Mapping[str, Any],
                      tags: Mapping[str, str] = {}) -> str:
     """The parent run of a sweep (its trials' runs nest under it through `parent_run_id`), continued when
-    the sweep resumes: its id is kept in `marker`, a file beside Ray Tune's state. A marker naming a run
-    this store does not have (another store) is replaced. The caller ends the run (`ending`)."""
+    the sweep resumes: its id is kept in `mlflow_parent_run.json` beside Ray Tune's state (`location`: a
+    `jetflow.storage.TuneLocation`, so in cluster storage on a cluster). A marker naming a run this store
+    does not have (another store) is replaced. The caller ends the run (`ending`)."""
     c = client()
-    if marker.exists():
+    marker = location.read_json(PARENT_MARKER)
+    if marker:
         try:
-            run_id = json.loads(marker.read_text())["run_id"]
+            run_id = marker["run_id"]
             c.update_run(run_id, status="RUNNING")
             return run_id
-        except (MlflowException, KeyError, ValueError):
+        except (MlflowException, KeyError, TypeError):
             pass
     created = c.create_run(experiment_for(target_id), run_name=run_name,
                            tags={KIND_TAG: kind, "jetflow.target.id": target_id, **tags})
     _log_flat(created.info.run_id, params=_flatten("", params, {}))
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"run_id": created.info.run_id}))
+    location.write_json(PARENT_MARKER, {"run_id": created.info.run_id})
     return created.info.run_id
 
 

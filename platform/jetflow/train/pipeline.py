@@ -133,19 +133,31 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     """Returns the head folder ($JETFLOW_HOME/heads/<name>) with weights, provenance and metrics.
     `features="online"` computes the tapped features during training instead of caching them. `device` and
     `dtype` place the target for every stage (`jetflow.target.placement`; the regeneration options'
-    device/dtype, when given, win for datagen)."""
+    device/dtype, when given, win for datagen).
+
+    On a multi-node cluster (`jetflow.cluster`) this process loads no target: regeneration runs on Ray actors,
+    the feature cache and the held-out decoding are Ray tasks on worker nodes (their device resolved there),
+    the data and features travel through cluster storage, and the head comes back as Ray Train's checkpoint."""
     if preset not in PRESETS:
         raise InvalidSettingError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     if features not in ("cache", "online"):
         raise InvalidSettingError(f"features must be 'cache' or 'online', got {features!r}")
-    from jetflow.target import TargetModel
-    from jetflow.target.placement import placement
+    from jetflow.cluster import is_multi_node
 
     p = PRESETS[preset]
     regen_cfg = RegenConfig(**{**asdict(p.regen), "model": model, "device": device, "dtype": dtype,
                                **(regen_overrides or {})})
-    on, torch_dtype = placement(device, dtype)
     tcfg = TrainConfig.from_overrides(p.train, {"name": name or preset, **(train_overrides or {})})
+    if is_multi_node():
+        if not use_ray or features == "online":
+            raise InvalidSettingError("on a multi-node cluster training runs under Ray Train on the feature cache "
+                                      "(ray=true, features=cache): the driver's node has no target and no disk "
+                                      "the workers see")
+        return _pipeline_on_cluster(preset, p, regen_cfg, tcfg, model, workers, device, dtype)
+    from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
+
+    on, torch_dtype = placement(device, dtype)
     timings = {}
     t0 = time.perf_counter()
     regen_dir = regenerate(regen_cfg)
@@ -175,13 +187,80 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
     decode_metrics = measure_acceptance(target, load_head(out, device=on, dtype=torch_dtype), prompts_per_set=p.eval_prompts,
                                         new_tokens=p.eval_new_tokens, trees=(tcfg.eval_tree, TreeSpec("chain")))
     timings["eval_s"] = time.perf_counter() - t0
+    _finish_head(out, preset, regen_dir, str(regen_dir), "online" if features == "online" else str(data), tcfg,
+                 decode_metrics, timings)
+    return out
+
+
+def _finish_head(out: Path, preset: str, regen_dir: Path, data_dir: str, features: str, tcfg: TrainConfig,
+                 decode_metrics: dict, timings: dict) -> None:
+    """The head folder's metrics.json (training's + decoded τ) and provenance.json."""
     metrics = {**json.loads((out / "metrics.json").read_text()), **decode_metrics}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     manifest = json.loads((regen_dir / MANIFEST).read_text())
     (out / "provenance.json").write_text(json.dumps(provenance({
-        "preset": preset, "data_dir": str(regen_dir), "data_manifest_sha256": manifest["content_sha256"],
-        "data_tokens": manifest["response_tokens"], "timings": timings,
-        "features": "online" if features == "online" else str(data),
+        "preset": preset, "data_dir": data_dir, "data_manifest_sha256": manifest["content_sha256"],
+        "data_tokens": manifest["response_tokens"], "timings": timings, "features": features,
         "train_config": tcfg.to_dict(),
     }), indent=2) + "\n")
+
+
+def _pipeline_on_cluster(preset: str, p: Preset, regen_cfg: RegenConfig, tcfg: TrainConfig, model: str,
+                         workers: int, device: str | None, dtype: str | None) -> Path:
+    from jetflow.cluster import on_worker, wants_gpu
+    from jetflow.storage import storage
+    from jetflow.train.ray_train import train_on_ray
+
+    st, gpu = storage(), wants_gpu(device)
+    timings = {}
+    t0 = time.perf_counter()
+    regen_dir = regenerate(regen_cfg)  # on actors; the manifest is here too
+    regen_rel = st.rel(regen_dir)
+    timings["datagen_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    features_rel = on_worker(build_features_on_worker, regen_rel, model, device, dtype, tcfg.num_taps,
+                             p.features_max_len, num_gpus=1 if gpu else 0)
+    features_dir = st.local(features_rel, required=("features.json",), only=("features.json",))
+    timings["features_s"] = time.perf_counter() - t0
+    out = heads_dir() / tcfg.name
+    t0 = time.perf_counter()
+    trained = train_on_ray(tcfg, model, features_dir, out, num_workers=workers, use_gpu=gpu, dtype=dtype)
+    timings["train_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    decode_metrics = on_worker(decode_on_worker, model, device, dtype, trained["checkpoint_uri"], p.eval_prompts,
+                               p.eval_new_tokens, [tcfg.eval_tree.to_dict(), TreeSpec("chain").to_dict()],
+                               num_gpus=1 if gpu else 0)
+    timings["eval_s"] = time.perf_counter() - t0
+    _finish_head(out, preset, regen_dir, st.uri_for(regen_rel), st.uri_for(features_rel), tcfg, decode_metrics,
+                 timings)
     return out
+
+
+def build_features_on_worker(regen_rel: str, model: str, device: str | None, dtype: str | None, num_taps: int,
+                             max_len: int) -> str:
+    """A Ray task on a worker node: the feature cache of regenerated data `regen_rel` (this node's copy of it),
+    built with the target placed here, published to cluster storage. → its folder in storage."""
+    from jetflow.storage import storage
+    from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
+
+    regen_dir = storage().local(regen_rel, required=(MANIFEST,))
+    on, torch_dtype = placement(device, dtype)
+    target = TargetModel.load(model, device=on, dtype=torch_dtype)
+    spec = FeatureSpec.for_target(target, num_taps, max_len)
+    return storage().rel(build_features(regen_dir, target, spec, progress=False))
+
+
+def decode_on_worker(model: str, device: str | None, dtype: str | None, head: str, prompts_per_set: int,
+                     new_tokens: int, trees: list[dict]) -> dict:
+    """A Ray task on a worker node: the held-out decoded τ of `head` (a reference this node resolves)."""
+    from jetflow.eval import measure_acceptance
+    from jetflow.head import HeadRef
+    from jetflow.target import TargetModel
+    from jetflow.target.placement import placement
+
+    on, torch_dtype = placement(device, dtype)
+    target = TargetModel.load(model, device=on, dtype=torch_dtype)
+    loaded = HeadRef.parse(head).load(target)
+    return measure_acceptance(target, loaded.head, prompts_per_set=prompts_per_set, new_tokens=new_tokens,
+                              trees=tuple(TreeSpec.from_dict(t) for t in trees))

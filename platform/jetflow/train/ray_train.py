@@ -1,7 +1,12 @@
 """Head training as a Ray Train `TorchTrainer`: one worker using every local core on a laptop, N GPU
 workers on a cluster. Each worker loads the frozen target and the shared feature cache; rank 0
 checkpoints and saves. The training is tracked live in MLflow (`jetflow.tracking.live`): the driver
-opens and ends the run and prints progress, the rank-0 worker logs every step into it."""
+opens and ends the run and prints progress, the rank-0 worker logs every step into it.
+
+On a multi-node cluster (`jetflow.cluster`) no worker opens a path of the driver's: each reads the feature
+cache through its node's copy of it in cluster storage, decides its device where it runs, and rank 0 writes
+the head into its own node's `$JETFLOW_HOME`; the head comes back to the caller as the run's Ray Train
+checkpoint, which Ray keeps in cluster storage (`RunConfig(storage_path, storage_filesystem)`)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ def _loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     tracked = config.get("mlflow")
+    run_tag = {"mlflow_run_id": tracked["run_id"]} if tracked else {}  # which run a Tune trial's reports belong to
     step_log = None
     if tracked:
         from jetflow.tracking.live import StepLogger
@@ -40,6 +46,10 @@ def _loop(config: dict) -> None:
     online = config.get("online")
     if online:  # features computed on the fly from the regenerated data (no feature cache on disk)
         data = OnlineFeatures(Path(online["regen_dir"]), target, FeatureSpec.from_dict(online["spec"]))
+    elif "features_rel" in config:  # this node's copy of the cache in cluster storage
+        from jetflow.storage import storage
+
+        data = FeatureCache(storage().local(config["features_rel"], required=("features.json",)))
     else:
         data = FeatureCache(Path(config["features"]))
     every = max(1, config["train"]["checkpoint_every"])
@@ -53,15 +63,17 @@ def _loop(config: dict) -> None:
         if config.get("evals_only") and not has_eval:
             return  # under a Tune scheduler every report must carry the metric it stops on
         if "train/seconds" not in metrics and (step % every == 0 or has_eval):
-            ray.train.report({**metrics, "step": step})
+            ray.train.report({**metrics, "step": step, **run_tag})
 
-    out = Path(config["out"])
+    from jetflow.paths import jetflow_home
+
+    out = Path(config["out"]) if "out" in config else jetflow_home() / config["out_home_rel"]  # this node's
     with step_log or nullcontext():  # flushes the last points and stops the system metrics, however it ends
         metrics = train(TrainConfig(**config["train"]), target, data, out, log=log, progress=False,
                         rank=rank, world=world, on_start=step_log.start if step_log else None)
     # the trained head folder is the run's Ray checkpoint (rank 0 owns it; every rank reports)
     checkpoint = ray.train.Checkpoint.from_directory(str(out)) if rank == 0 else None
-    ray.train.report({**metrics, "step": metrics.get("train/steps", 0)}, checkpoint=checkpoint)
+    ray.train.report({**metrics, "step": metrics.get("train/steps", 0), **run_tag}, checkpoint=checkpoint)
 
 
 def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use_gpu: bool = False,
@@ -85,14 +97,17 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from jetflow.paths import jetflow_home
+    from jetflow.cluster import is_multi_node
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     if cpus_per_worker is None and not use_gpu:
         cpus_per_worker = default_cpus_per_worker(num_workers)
-    loop_config = {"train": dataclasses.asdict(cfg), "model": model, **_features_config(features),
-                   "out": str(Path(out).resolve()), "evals_only": evals_only, "use_gpu": use_gpu, "dtype": dtype}
+    out = Path(out).resolve()
+    shared = is_multi_node()
+    loop_config = {"train": dataclasses.asdict(cfg), "model": model, **_features_config(features, shared),
+                   **_out_config(out, shared), "evals_only": evals_only, "use_gpu": use_gpu, "dtype": dtype}
+    storage_path, storage_fs = _ray_storage(storage)
 
     def fit() -> dict:
         trainer = TorchTrainer(
@@ -100,9 +115,15 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                          resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
             run_config=RunConfig(name=run_name or f"train-{cfg.name}", callbacks=callbacks or None,
-                                 storage_path=str((storage or jetflow_home() / "ray_results").resolve())),
+                                 storage_path=storage_path, storage_filesystem=storage_fs),
         )
-        return dict(trainer.fit().metrics or {})
+        result = trainer.fit()
+        metrics = dict(result.metrics or {})
+        if result.checkpoint is not None:  # the trained head, as rank 0 handed it to Ray Train's storage
+            metrics["checkpoint_uri"] = checkpoint_uri(result.checkpoint)
+            if shared:  # rank 0 wrote it on its own node: bring it to this one
+                result.checkpoint.to_directory(str(out))
+        return metrics
 
     if not track:
         return fit()
@@ -128,9 +149,56 @@ def default_cpus_per_worker(num_workers: int) -> float:
     return float(max(1, min(int(max(nodes)), int(sum(nodes)) // max(1, num_workers))))
 
 
-def _features_config(features) -> dict:
+def _features_config(features, shared: bool) -> dict:
     from jetflow.data.features import OnlineFeatures
 
     if isinstance(features, OnlineFeatures):
+        if shared:
+            from jetflow.errors import InvalidSettingError
+
+            raise InvalidSettingError("online features (features='online') read the regenerated data from the "
+                                      "driver's disk: on a multi-node cluster use the feature cache (features='cache')")
         return {"online": {"regen_dir": str(features.regen_dir), "spec": dataclasses.asdict(features.spec)}}
+    if shared:  # every worker reads its node's copy of the cache from cluster storage
+        from jetflow.storage import storage
+
+        return {"features_rel": storage().rel(features)}
     return {"features": str(features)}
+
+
+def _out_config(out: Path, shared: bool) -> dict:
+    """Where rank 0 writes the head: `out` itself on one machine; on a cluster the same place under the worker
+    node's own `$JETFLOW_HOME` (a path of the driver's may not exist there)."""
+    from jetflow.paths import jetflow_home
+
+    if shared:
+        try:
+            return {"out_home_rel": str(out.relative_to(jetflow_home()))}
+        except ValueError:
+            return {"out_home_rel": f"heads/{out.name}"}
+    return {"out": str(out)}
+
+
+def _ray_storage(storage: Path | None) -> tuple[str, object | None]:
+    """Ray Train's storage: `storage` when given (a local folder, one machine), else cluster storage's
+    `ray_results` (`$JETFLOW_HOME/ray_results` on one machine)."""
+    if storage is not None:
+        return str(Path(storage).resolve()), None
+    from jetflow.storage import storage as cluster_storage
+
+    return cluster_storage().ray_storage()
+
+
+def checkpoint_uri(checkpoint) -> str:
+    """A Ray Train checkpoint as a head reference another node can resolve: its URI in cluster storage (an
+    object store's s3://…), or its absolute path on a mounted filesystem."""
+    import pyarrow.fs as pafs
+
+    from jetflow.storage import storage
+
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return str(Path(checkpoint.path).resolve())
+    st = storage()
+    if checkpoint.path.startswith(st.path() + "/"):
+        return st.uri_for(checkpoint.path[len(st.path()) + 1:])
+    return f"{checkpoint.filesystem.type_name}://{checkpoint.path}"
