@@ -2,6 +2,7 @@
 
     python serve/app.py                                  # 127.0.0.1:8000: the champion head, else plain decoding
     python serve/app.py --head ~/.jetflow/heads/demo --budget 8 --algorithm top2gap:margin=1.5
+    python serve/app.py --address auto                   # join the running Ray cluster: replicas on its worker nodes
     python serve/app.py --help                           # every option, with defaults
     serve run serve.app:app                              # the same application (defaults) via Ray's CLI
     serve run jetflow.serving.app:build_app head=random  # builder args as key=value
@@ -31,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (default 8080; a local "
+                   "Ray only: a cluster's nodes export their own)")
+    p.add_argument("--address", default="local", help="Ray to run on: local (a Ray of this process, default), auto "
+                   "(the cluster running on this machine, e.g. a head started by `ray start --head`) or host:port; "
+                   "on a multi-node cluster replicas go to the nodes with CPUs (GPUs with --replica-gpus) and read "
+                   "the registry from MLFLOW_TRACKING_URI, handed to them as their nodes reach it")
     add_arguments(p)
     args = parse_args(p, argv)
     try:
@@ -45,16 +51,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from jetflow.errors import JetFlowError
 
-    try:
-        application = build_app(cfg)  # a missing head fails here, before Ray starts
-    except JetFlowError as exc:
-        print(f"serve: error: {exc}", file=sys.stderr)
-        return 2
+    local = args.address == "local"
+    if local:
+        try:
+            application = build_app(cfg)  # a missing head fails here, before Ray starts
+        except JetFlowError as exc:
+            print(f"serve: error: {exc}", file=sys.stderr)
+            return 2
 
     import ray
     from ray import serve
 
-    ray.init(address="local", include_dashboard=False, _metrics_export_port=args.metrics_port)
+    from jetflow.cluster import init_ray
+
+    try:
+        if local:
+            ray.init(address="local", include_dashboard=False, _metrics_export_port=args.metrics_port)
+        else:  # a cluster: the replicas' environment (tracking URI as their nodes reach it), then the checks
+            init_ray(args.address, need_storage=False, log_to_driver=True)
+            application = build_app(cfg)
+    except JetFlowError as exc:
+        print(f"serve: error: {exc}", file=sys.stderr)
+        ray.shutdown()
+        return 2
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(application, name="jetflow", route_prefix="/")
@@ -65,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr)
     finally:
-        serve.shutdown()
+        if local:
+            serve.shutdown()
+        else:  # on a cluster: remove this application only; other applications keep serving
+            serve.delete("jetflow")
         ray.shutdown()
     return 0
 

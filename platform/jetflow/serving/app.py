@@ -350,8 +350,13 @@ class JetFlowServer:
 
 
 def build_app(args: ServeConfig) -> Application:
-    """The Ray Serve application for `args` (a ServeConfig, or a dict of its fields)."""
+    """The Ray Serve application for `args` (a ServeConfig, or a dict of its fields). On a multi-node cluster a
+    `tracking_uri` given as a loopback address is handed to the replicas as this node's cluster address."""
+    from jetflow.cluster import reachable_from_workers
+
     cfg = args if isinstance(args, ServeConfig) else ServeConfig.model_validate(args or {})
+    if cfg.tracking_uri:
+        cfg = cfg.model_copy(update={"tracking_uri": reachable_from_workers(cfg.tracking_uri)})
     check_head_exists(cfg)
     return JetFlowServer.options(
         autoscaling_config=cfg.autoscaling_config(),

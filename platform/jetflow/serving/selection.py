@@ -2,8 +2,10 @@
 
 Order: an explicit `head` (any `HeadRef`: folder, head name, `models:/` URI, 'random', 'none'); else the
 head the registry holds under `alias` (default "champion") together with the tree setting the main job
-stored on that version. No such alias — or no registry at all — is not an error: the replica serves plain
-decoding and says so (`HeadChoice.note`) at start, in /v1/models and in every response.
+stored on that version. No such alias is not an error: the replica serves plain decoding and says so
+(`HeadChoice.note`) at start, in /v1/models and in every response. A registry that cannot be read (a tracking
+server down or out of reach of the replica's node) is: the replica fails to start with the reason, and Serve
+reports the deployment unhealthy — never a replica that silently decodes plain.
 Tree setting: the config's explicit `tree`, else the registered one, else `TreeSpec()`.
 """
 
@@ -44,8 +46,8 @@ class HeadChoice:
 def choose_head(cfg: ServeConfig, target) -> HeadChoice:
     """Load the head `cfg` asks for (or the registry's `cfg.alias` head) for `target` (a TargetModel).
 
-    Raises HeadNotFoundError / HeadMismatchError for an explicit head that is missing or does not fit;
-    never raises for a missing alias or an unreachable registry (plain decoding, with a note).
+    Raises HeadNotFoundError / HeadMismatchError for an explicit head that is missing or does not fit,
+    RegistryUnavailableError for a registry that cannot be read; a missing alias is plain decoding, with a note.
     """
     choice = _choose(cfg, target)
     if choice.loaded is not None and not choice.speculative:  # a budget-1 tree drafts nothing
@@ -65,10 +67,21 @@ def _choose(cfg: ServeConfig, target) -> HeadChoice:
 
 def check_head_exists(cfg: ServeConfig) -> None:
     """Fail fast (HeadNotFoundError) on a head folder or name that does not exist, before any replica
-    starts: a replica constructor that raises is retried by Serve, which would only delay the error."""
+    starts: a replica constructor that raises is retried by Serve, which would only delay the error. On a
+    multi-node cluster a folder of this node's disk is refused too (InvalidSettingError: replicas on other
+    nodes could not load it; register it or put it in cluster storage)."""
+    from jetflow.cluster import is_multi_node
+
     ref = HeadRef.parse(cfg.head)
     if ref.kind == "local":
         ref.resolve()
+        if is_multi_node():
+            ref.portable()
+
+
+class RegistryUnavailableError(RuntimeError):
+    """The registry could not be read where a replica starts: the replica does not start (Serve reports the
+    deployment unhealthy with this message) rather than serve plain decoding unannounced."""
 
 
 def _registered(cfg: ServeConfig, target) -> HeadChoice:
@@ -80,10 +93,14 @@ def _registered(cfg: ServeConfig, target) -> HeadChoice:
     name = registry.registered_model_name(target.model_id)
     try:
         found = registry.resolve_alias(target.model_id, cfg.alias)
-    except Exception as exc:  # an unreachable or broken tracking store must not stop serving
-        log.warning("registry lookup of %s@%s failed: %r", name, cfg.alias, exc)
-        return HeadChoice(None, None, note=f"registry lookup of {name}@{cfg.alias} failed "
-                                           f"({exc.__class__.__name__}: {exc}): plain decoding")
+    except Exception as exc:  # an unreachable or broken tracking store: this replica cannot serve what was asked
+        from jetflow.tracking.store import tracking_uri
+
+        raise RegistryUnavailableError(
+            f"registry lookup of {name}@{cfg.alias} at {tracking_uri()} failed on this replica's node "
+            f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the replica does not "
+            "start rather than serve plain decoding. Check that the tracking server is up and reachable from "
+            "every node (mlflow server --host 0.0.0.0), or pass head=none for plain decoding") from None
     if found is None:
         return HeadChoice(None, None, note=f"no champion registered: registered model {name!r} has no "
                                            f"alias {cfg.alias!r}; plain decoding (promote a head with "
