@@ -52,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"best budget per concurrency (requests in flight → budget): {levels}")
     if out.promotion:
         print(out.promotion)
-    trained = f"; training before it {out.train_seconds / 60:.1f} min" if out.trained else ""
-    print(f"MLflow parent run {sweep.parent_run_id}; {len(sweep.rows)} trials in {sweep.seconds / 60:.1f} min"
-          f"{trained}; {out.seconds / 60:.1f} min in all")
+    trained = f"; training before it {_took(out.train_seconds)}" if out.trained else ""
+    print(f"MLflow parent run {sweep.parent_run_id}; {len(sweep.rows)} trials in {_took(sweep.seconds)}"
+          f"{trained}; {_took(out.seconds)} in all")
     return 1 if sweep.errors else 0
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
 
 if __name__ == "__main__":

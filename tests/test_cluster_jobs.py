@@ -194,3 +194,38 @@ def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp
         assert r.returncode == 0, r.stderr[-2000:]
         generated.append(json.loads(r.stdout.strip().splitlines()[-1])["text"])
     assert served == generated
+
+
+def _driver(argv: list[str], **env_changes) -> subprocess.CompletedProcess:
+    """A driver process on this (head) node with the user's settings, `env_changes` applied (None: unset)."""
+    env = {**os.environ, **{k: v for k, v in env_changes.items() if v is not None}}
+    for k in (k for k, v in env_changes.items() if v is None):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_a_cluster_without_storage_or_a_tracking_server_is_refused_with_what_to_do(cluster, tmp_path):
+    sweep = [str(ROOT / "sweeps" / "budget.py"), "--head", "models:/smollm2-135m-jetflow-head@champion"]
+    r = _driver(sweep, JETFLOW_STORAGE=None)
+    assert r.returncode == 2 and "JETFLOW_STORAGE" in r.stderr and "share no disk" in r.stderr, r.stderr[-2000:]
+    r = _driver(sweep, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert r.returncode == 2 and "mlflow server" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()  # refused before anything was logged into a file of this node
+
+
+def test_a_head_folder_only_the_driver_has_is_refused_with_what_to_do(cluster, tmp_path):
+    """A folder of the driver's disk is no reference for trials on other nodes: register it or put it in storage.
+    (A folder whose weights are a registered version is swept as that version.)"""
+    import shutil
+
+    from jetflow.paths import heads_dir
+
+    trained = heads_dir() / "smoke"  # the main job's head: registered, so swept by its registry URI
+    assert (trained / "model.safetensors").exists()
+    mine = tmp_path / "unregistered-head"
+    shutil.copytree(trained, mine, ignore=shutil.ignore_patterns("checkpoints", ".mlflow_run.json"))
+    weights = bytearray((mine / "model.safetensors").read_bytes())
+    weights[-4:] = b"\x00\x00\x80\x3f"  # one weight changed: other bytes, no registered version has them
+    (mine / "model.safetensors").write_bytes(bytes(weights))
+    r = _driver([str(ROOT / "sweeps" / "budget.py"), "--head", str(mine), "--budgets", "2", "--concurrency", "1"])
+    assert r.returncode == 2 and "register it" in r.stderr and str(mine) in r.stderr, r.stderr[-2000:]

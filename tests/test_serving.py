@@ -495,6 +495,29 @@ def test_concurrent_load_loses_no_request_and_autoscaling_adds_a_replica(served)
 
 
 @pytest.mark.slow
+def test_a_replica_that_cannot_read_the_registry_does_not_start_and_says_why(served):
+    """A registry out of reach (a tracking server down, or not reachable from the replica's node) fails the
+    replica with the reason, and Serve reports the application failed — never a replica serving plain decoding
+    unannounced. The healthy applications beside it keep serving."""
+    from ray import serve
+
+    from jetflow.serving.app import build_app
+
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="noregistry failed"):
+        serve.run(build_app({**COMMON, "tracking_uri": dead}), name="noregistry", route_prefix="/noregistry")
+    try:
+        assert time.monotonic() - t0 < HANG_S
+        status = serve.status().applications["noregistry"]
+        assert status.status == "DEPLOY_FAILED"
+        message = status.deployments["JetFlow"].message  # what Serve (and `serve status`) reports
+        assert "registry lookup" in message and dead in message and "does not start" in message, message
+    finally:
+        serve.delete("noregistry")
+    assert requests.get(f"{served.url}/spec/v1/models", timeout=30).status_code == 200
+
+
 def test_a_request_id_is_echoed_and_carried_through_the_replica_log(served):
     rid = f"jetflow-test-{time.time_ns()}"
     r = served.post("spec", "/v1/chat/completions", {**GOOD, "temperature": 0}, headers={"x-request-id": rid})

@@ -39,26 +39,6 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
-def _joining(address: str | None) -> str | None:
-    """The host:port of the GCS of an existing cluster this driver joins (`address`, else RAY_ADDRESS); None for
-    a local Ray this driver starts itself."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if not address or address == "local":
-        return None
-    if address.startswith("ray://"):
-        return address.removeprefix("ray://")
-    if address == "auto":
-        try:
-            from ray._private.services import canonicalize_bootstrap_address_or_die
-
-            return canonicalize_bootstrap_address_or_die("auto")
-        except Exception:  # noqa: BLE001 - no running cluster: ray.init reports it
-            return None
-    if address.startswith(("http://", "https://")):  # a dashboard address (job submission)
-        return urlparse(address).netloc
-    return address
-
-
 def _local_ip_towards(host: str, port: int) -> str | None:
     """This machine's address on the route to `host` (what the cluster's nodes know this node by)."""
     try:
@@ -71,8 +51,8 @@ def _local_ip_towards(host: str, port: int) -> str | None:
 
 def worker_tracking_uri(uri: str, gcs: str | None) -> str:
     """The MLflow URI as a worker on another node reaches it: a loopback host becomes this driver node's address
-    on the cluster's network (the server then has to listen on it: `mlflow server --host 0.0.0.0`). Unchanged
-    on one machine (no cluster joined, or a cluster reached over loopback)."""
+    on the route to the cluster's GCS at `gcs` (host:port; the server then has to listen on that address:
+    `mlflow server --host 0.0.0.0`). Unchanged without a GCS or when the GCS itself is on loopback."""
     parsed = urlparse(uri)
     if not gcs or parsed.scheme not in ("http", "https") or not _is_loopback(parsed.hostname):
         return uri
@@ -87,10 +67,11 @@ def worker_tracking_uri(uri: str, gcs: str | None) -> str:
 
 
 def reachable_from_workers(uri: str) -> str:
-    """`worker_tracking_uri` for the cluster this process is connected to (unchanged without Ray)."""
+    """`worker_tracking_uri` for the multi-node cluster this process is connected to (unchanged without Ray or
+    on one node, where the workers share this machine's loopback)."""
     import ray
 
-    if not ray.is_initialized():
+    if not ray.is_initialized() or not is_multi_node():
         return uri
     try:
         gcs = ray.get_runtime_context().gcs_address
@@ -112,16 +93,20 @@ def init_ray(address: str | None = None, *, need_storage: bool = True, **init_kw
 
     if ray.is_initialized():
         return
-    gcs = _joining(address)
     uri = tracking_uri()
-    env = {"TOKENIZERS_PARALLELISM": "false", "MLFLOW_TRACKING_URI": worker_tracking_uri(uri, gcs), **storage_env()}
+    env = {"TOKENIZERS_PARALLELISM": "false", "MLFLOW_TRACKING_URI": uri, **storage_env()}
     for name in ("MLFLOW_S3_ENDPOINT_URL",):  # artifacts straight to an object store: its endpoint too
         if os.environ.get(name):
             env[name] = os.environ[name]
     if not is_configured():  # one machine, one disk: the workers use the driver's home
         env["JETFLOW_HOME"] = str(jetflow_home())
-    ray.init(address=address, runtime_env={"env_vars": env}, **{"include_dashboard": False, "log_to_driver": False,
-                                                                 "ignore_reinit_error": True, **init_kwargs})
+    kwargs = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True, **init_kwargs}
+    ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
+    handed = reachable_from_workers(uri)
+    if handed != uri:  # a multi-node cluster: join again, handing the workers the address they reach
+        ray.shutdown()
+        env["MLFLOW_TRACKING_URI"] = handed
+        ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
     _WORKER_ENV.clear()
     _WORKER_ENV.update(env)
     try:

@@ -84,6 +84,20 @@ class RegistryUnavailableError(RuntimeError):
     deployment unhealthy with this message) rather than serve plain decoding unannounced."""
 
 
+def _probe_server(timeout_s: float = 10.0) -> None:
+    """A tracking server that does not answer its /health fails at once (OSError), not after the MLflow
+    client's minutes of connection retries: a replica's start says why without that wait."""
+    from urllib.parse import urlparse
+    from urllib.request import urlopen
+
+    from jetflow.tracking.store import tracking_uri
+
+    uri = tracking_uri()
+    if urlparse(uri).scheme in ("http", "https"):
+        with urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            pass
+
+
 def _registered(cfg: ServeConfig, target) -> HeadChoice:
     try:
         from jetflow.tracking import registry
@@ -92,6 +106,7 @@ def _registered(cfg: ServeConfig, target) -> HeadChoice:
                                            "no champion, plain decoding")
     name = registry.registered_model_name(target.model_id)
     try:
+        _probe_server()
         found = registry.resolve_alias(target.model_id, cfg.alias)
     except Exception as exc:  # an unreachable or broken tracking store: this replica cannot serve what was asked
         from jetflow.tracking.store import tracking_uri

@@ -99,6 +99,8 @@ class SweptHead:
 
         if not is_multi_node():
             return self.path
+        if self.uri is None and self.registered:  # a folder whose weights are a registered version: that version
+            return f"models:/{self.registered[0]}/{self.registered[1]}"
         return str(HeadRef.parse(self.uri or self.ref or self.path).portable())
 
     @property
