@@ -330,7 +330,7 @@ def start_cluster(base: Path, jetflow_home: Path, workers: int = 2, cpus_per_wor
             _finish_worker(c, w, proc, deadline)
         _wait_nodes(c, 1 + workers, deadline)
         if tracking is not None:
-            _wait_http(c, f"{c.mlflow_uri}/health", "mlflow server", tracking, deadline)
+            wait_http(c, f"{c.mlflow_uri}/health", "mlflow server", tracking, deadline)
         return c
     except BaseException:
         c.stop()
@@ -427,7 +427,7 @@ def _create_bucket(c: LocalCluster, deadline: float) -> None:
     import boto3
 
     proc = next(p for p in c._procs if "moto_server" in p.args[0])
-    _wait_http(c, f"{c.s3_endpoint}/moto-api/", "S3 server", proc, deadline)
+    wait_http(c, f"{c.s3_endpoint}/moto-api/", "S3 server", proc, deadline)
     s3 = boto3.client("s3", endpoint_url=c.s3_endpoint, aws_access_key_id=AWS_CREDENTIALS["AWS_ACCESS_KEY_ID"],
                       aws_secret_access_key=AWS_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                       region_name=AWS_CREDENTIALS["AWS_DEFAULT_REGION"])
@@ -470,13 +470,7 @@ def _start_head(c: LocalCluster, object_store_mb: int, deadline: float) -> None:
     with open(log, "wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=c.node_env(), cwd=c.base)
-    try:
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise ClusterError(f"`ray start --head` did not return in time\n{c.logs_tail()}")
-    if rc != 0:
-        raise ClusterError(f"`ray start --head` failed (exit {rc})\n{c.logs_tail()}")
+    _wait_returned(c, proc, "`ray start --head`", deadline)
 
 
 # Runs inside the worker's fresh network namespace, as a fresh mount namespace: keeps the node's Ray temp
@@ -514,14 +508,19 @@ def _launch_worker(c: LocalCluster, w: Worker, object_store_mb: int) -> subproce
                                 env={**c.node_env(), "GLOO_SOCKET_IFNAME": "eth0"}, cwd="/")
 
 
-def _finish_worker(c: LocalCluster, w: Worker, proc: subprocess.Popen, deadline: float) -> None:
+def _wait_returned(c: LocalCluster, proc: subprocess.Popen, what: str, deadline: float) -> None:
+    """`what` (a `ray start`, which daemonizes and returns) returned 0 before `deadline`, or ClusterError."""
     try:
         rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise ClusterError(f"`ray start` of worker{w.index} did not return in time\n{c.logs_tail()}")
+        raise ClusterError(f"{what} did not return in time\n{c.logs_tail()}")
     if rc != 0:
-        raise ClusterError(f"`ray start` of worker{w.index} failed (exit {rc})\n{c.logs_tail()}")
+        raise ClusterError(f"{what} failed (exit {rc})\n{c.logs_tail()}")
+
+
+def _finish_worker(c: LocalCluster, w: Worker, proc: subprocess.Popen, deadline: float) -> None:
+    _wait_returned(c, proc, f"`ray start` of worker{w.index}", deadline)
     raylets = [p for p in _netns_pids(w.netns) if _exe_name(p) == "raylet"]
     if len(raylets) != 1:
         raise ClusterError(f"worker{w.index}: expected one raylet in {w.netns}, found {raylets}\n{c.logs_tail()}")
@@ -542,7 +541,8 @@ def _wait_nodes(c: LocalCluster, n: int, deadline: float) -> None:
                        f"{[x['ip'] for x in alive]}\n{c.logs_tail()}")
 
 
-def _wait_http(c: LocalCluster, url: str, what: str, proc: subprocess.Popen, deadline: float) -> None:
+def wait_http(c: LocalCluster, url: str, what: str, proc: subprocess.Popen, deadline: float) -> None:
+    """Until `url` answers 200; ClusterError when `proc` (the server `what`) exits or `deadline` passes."""
     while True:
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:

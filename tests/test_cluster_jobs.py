@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.cluster import cluster_unavailable, start_cluster
+from tests.cluster import cluster_unavailable, start_cluster, wait_http
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,22 +142,6 @@ def test_the_arch_sweep_returns_its_finalists_across_nodes(cluster):
     assert out.challenger == out.finalists[0]["version"]
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"serve/app.py exited with {proc.returncode}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
 def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp_path):
     """`serve/app.py --address …` places its replicas on the worker nodes; each reads the champion through the
     registry on its own node; the `openai` client gets `jetflow generate`'s text."""
@@ -171,7 +155,7 @@ def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp
                              "--max-replicas", "2", "--replica-cpus", "1", "--policy", "fixed"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_http(f"http://{cluster.head_ip}:{port}/v1/models", 300, proc)
+        wait_http(cluster, f"http://{cluster.head_ip}:{port}/v1/models", "serve/app.py", proc, time.monotonic() + 300)
         assert _nodes_of("ServeReplica:jetflow:JetFlow") == {w.ip for w in cluster.workers}
         api = OpenAI(base_url=f"http://{cluster.head_ip}:{port}/v1", api_key="none")
         card = api.models.list().data[0]

@@ -23,12 +23,12 @@ from jetflow.data.features import FeatureCache, FeatureSpec, build_features
 from jetflow.data.regenerate import MANIFEST, RegenConfig, default_output_dir
 from jetflow.tracking import log_evaluation, log_training_run, plots, register_head, registered_model_name
 from jetflow.tracking.datasets import run_datasets
-from jetflow.tracking.live import (ConsoleProgress, LiveRun, StepLogger, progress_line, recorded_run,
-                                  train_in_process, training_run)
 from jetflow.storage import TuneLocation
+from jetflow.tracking.live import ConsoleProgress, LiveRun, StepLogger, progress_line, recorded_run, training_run
 from jetflow.tracking.runs import ending, log_figures, sweep_parent_run
 from jetflow.tracking.store import client, experiment_for
 from jetflow.train.config import TrainConfig
+from jetflow.train.pipeline import train_in_process
 from jetflow.train.trainer import train
 from tests.conftest import tiny_target
 from tests.test_tracking import store  # noqa: F401  (the fixture: the default sqlite store in a temporary home)

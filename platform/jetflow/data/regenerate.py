@@ -31,6 +31,10 @@ from jetflow.errors import InvalidSettingError
 
 MANIFEST = "manifest.json"
 BACKENDS = ("hf", "vllm")
+# Other engines answer a shard through a plug-in, imported when first used, so that this module depends on
+# nothing downstream of it: backend → module with `check()` (raises when the engine is missing) and
+# `regenerate_shard(cfg, items, path, target)` (the same contract as `regenerate_shard` here).
+PLUGINS = {"vllm": "jetflow.vllm.regenerate"}
 log = logging.getLogger(__name__)
 
 
@@ -141,12 +145,16 @@ def _shard_path(out: Path, index: int) -> Path:
     return out / f"shard-{index:05d}.parquet"
 
 
+def _plugin(backend: str):
+    import importlib
+
+    return importlib.import_module(PLUGINS[backend])
+
+
 def regenerate_shard(cfg: RegenConfig, items: list[PromptItem], path: Path, target=None) -> dict:
     """Answer one shard of prompts and write it atomically. Returns counts."""
-    if cfg.backend == "vllm":
-        from jetflow.vllm.regenerate import regenerate_shard_vllm
-
-        return regenerate_shard_vllm(cfg, items, path, target)
+    if cfg.backend in PLUGINS:
+        return _plugin(cfg.backend).regenerate_shard(cfg, items, path, target)
     import torch
 
     from jetflow.data.batchgen import generate_batch
@@ -254,10 +262,8 @@ def regenerate(cfg: RegenConfig, out: Path | None = None, progress: bool = True,
     """Run (or resume) regeneration; returns the output folder holding shards + manifest.json (on a multi-node
     cluster: this node's view of the folder in cluster storage, whose manifest is here too).
     `max_shards` stops after that many new shards (time-boxing; a rerun continues)."""
-    if cfg.backend == "vllm":
-        from jetflow.vllm import require_vllm
-
-        require_vllm("regeneration with backend='vllm'")  # before minutes of target loading, not after
+    if cfg.backend in PLUGINS:
+        _plugin(cfg.backend).check()  # the engine is there: before minutes of target loading, not after
     from jetflow.cluster import is_multi_node
 
     if cfg.workers > 1 or is_multi_node():

@@ -5,7 +5,7 @@ chain / tree τ whenever it runs), MLflow's system metrics, the data as dataset 
 FINISHED, KILLED or FAILED, so a killed training leaves a run that says so.
 
 Who does what, for a training under Ray Train (a driver process and worker processes):
-- the driver (the process that calls `train_on_ray`, or that trains in-process) owns the run: it creates
+- the driver (the process that calls `train_on_ray`, or `train_in_process`) owns the run: it creates
   or continues it (`training_run`), logs the config and the datasets, writes the head folder's marker,
   prints progress on its console (`ConsoleProgress`), and ends the run;
 - the rank-0 worker, which computes the steps, logs them (`StepLogger`) into the run whose id its loop
@@ -117,19 +117,18 @@ def _raise_system_exit(signum, frame) -> None:
 @contextmanager
 def training_run(cfg, out: str | Path, features: Any, *, target_id: str | None = None,
                  parent_run_id: str | None = None, run_name: str | None = None, tags: dict[str, str] | None = None,
-                 interruptions: tuple[type[BaseException], ...] = ()) -> Iterator[LiveRun]:
+                 interruptions: tuple[type[BaseException], ...] = (), resuming: bool = False) -> Iterator[LiveRun]:
     """Open (or continue, see the module doc) the live run of training `cfg` into head folder `out` on
     `features` (a feature-cache folder or an `OnlineFeatures`), in experiment `jetflow/<target>` (default:
     the target the features were computed with), nested under `parent_run_id` when given. The run ends
     when the block does: FINISHED, KILLED (KeyboardInterrupt, SystemExit — SIGTERM raises it while the
-    block runs in the main thread — or one of `interruptions`) or FAILED (any other exception)."""
-    from jetflow.train.trainer import latest_checkpoint
-
+    block runs in the main thread — or one of `interruptions`) or FAILED (any other exception). `resuming`:
+    the training will resume from checkpoints in `out` (its caller, which owns them, says so)."""
     out = Path(out).expanduser().resolve()
     target_id = target_id or _features_meta(features)["target_model_id"]
     c = client()
     previous = recorded_run(out)
-    resumed = previous is not None and latest_checkpoint(out / "checkpoints") is not None
+    resumed = previous is not None and resuming
     if resumed:
         run_id = previous.info.run_id
         c.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
@@ -250,18 +249,6 @@ class StepLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def train_in_process(cfg, target, features: Any, out: str | Path, **train_kw) -> dict:
-    """`jetflow.train.trainer.train` in this process (no Ray), tracked live: this process is both the
-    driver (`training_run`) and the worker (`StepLogger`); the trainer's own progress bar is the console
-    progress. `features` is a feature-cache folder or an `OnlineFeatures`; returns the final metrics."""
-    from jetflow.data.features import FeatureCache
-    from jetflow.train.trainer import train
-
-    data = features if hasattr(features, "regen_dir") else FeatureCache(Path(features))
-    with training_run(cfg, out, features) as run, StepLogger(run.run_id, flush_every=cfg.checkpoint_every) as log:
-        return train(cfg, target, data, Path(out), log=log, on_start=log.start, **train_kw)
 
 
 def _duration(seconds: float) -> str:

@@ -112,8 +112,7 @@ def log_figures(run_id: str, figures: Mapping[str, Figure | None]) -> None:
 
 
 def _current_provenance() -> dict:
-    # The pipeline's provenance record is the one definition of git state + package versions.
-    from jetflow.train.pipeline import provenance
+    from jetflow.provenance import provenance  # the one definition of git state + package versions
 
     return provenance({})
 

@@ -4,18 +4,15 @@ real (lossless) decoder on held-out prompts. Presets size it for a laptop or a c
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from importlib import metadata
 from pathlib import Path
 
 from jetflow.data.features import FeatureSpec, OnlineFeatures, build_features
 from jetflow.data.regenerate import MANIFEST, RegenConfig, regenerate
 from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir
+from jetflow.provenance import provenance
 from jetflow.train.config import TrainConfig
 from jetflow.tree import TreeSpec
 
@@ -81,25 +78,6 @@ PRESETS: dict[str, Preset] = {
 # shortcut, the per-depth input and copy inputs. Its τ beside the demo head's is what vLLM compatibility costs.
 PRESETS["demo-vllm"] = replace(PRESETS["demo"], train=TrainConfig.from_overrides(PRESETS["demo"].train, {
     "name": "demo-vllm", "tap_norm": False, "anchor_shortcut": False, "depth_embedding": False, "copy_ngram": 0}))
-
-
-def provenance(extra: dict) -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    versions = {}
-    for pkg in ("jetflow", "torch", "transformers", "ray", "mlflow", "datasets", "pyarrow"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"command": " ".join(sys.argv), "git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
-            "packages": versions, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
 
 
 @dataclass
@@ -176,8 +154,6 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
 
         train_on_ray(tcfg, model, data, out, num_workers=workers, use_gpu=on.type == "cuda", dtype=dtype)
     else:
-        from jetflow.tracking.live import train_in_process
-
         train_in_process(tcfg, target, data, out)  # tracked live, like train_on_ray
     timings["train_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -264,3 +240,19 @@ def decode_on_worker(model: str, device: str | None, dtype: str | None, head: st
     loaded = HeadRef.parse(head).load(target)
     return measure_acceptance(target, loaded.head, prompts_per_set=prompts_per_set, new_tokens=new_tokens,
                               trees=tuple(TreeSpec.from_dict(t) for t in trees))
+
+
+def train_in_process(cfg: TrainConfig, target, features, out: str | Path, **train_kw) -> dict:
+    """`jetflow.train.trainer.train` in this process (no Ray), tracked live: this process is both the
+    driver (`jetflow.tracking.live.training_run`) and the worker (`StepLogger`); the trainer's own progress
+    bar is the console progress. `features` is a feature-cache folder or an `OnlineFeatures`; returns the final
+    metrics."""
+    from jetflow.data.features import FeatureCache
+    from jetflow.tracking.live import StepLogger, training_run
+    from jetflow.train.trainer import latest_checkpoint, train
+
+    data = features if hasattr(features, "regen_dir") else FeatureCache(Path(features))
+    resuming = latest_checkpoint(Path(out) / "checkpoints") is not None
+    with training_run(cfg, out, features, resuming=resuming) as run, \
+            StepLogger(run.run_id, flush_every=cfg.checkpoint_every) as log:
+        return train(cfg, target, data, Path(out), log=log, on_start=log.start, **train_kw)

@@ -131,8 +131,11 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
 
     # Ctrl-C reaches Ray Train's own SIGINT handler, which aborts its controller: `fit` then ends in a
     # RayActorError, which marks the run KILLED like the signal itself would.
+    from jetflow.train.trainer import latest_checkpoint
+
+    resuming = latest_checkpoint(out / "checkpoints") is not None
     with training_run(cfg, out, features, parent_run_id=parent_run_id, run_name=mlflow_run_name,
-                      interruptions=(RayActorError,)) as run, ConsoleProgress(run, cfg.name, progress_s):
+                      interruptions=(RayActorError,), resuming=resuming) as run, ConsoleProgress(run, cfg.name, progress_s):
         loop_config["mlflow"] = run.worker_config()
         return fit()
 

@@ -2,7 +2,8 @@
 
 Same prompts, same chat template, same stop tokens, same shard files and manifest as the HF backend:
 only the engine that produces the response ids differs. vLLM schedules a whole shard at once
-(continuous batching), so `batch_size` does not apply. Selected through `data.regenerate`.
+(continuous batching), so `batch_size` does not apply. A plug-in of `data.regenerate` (its `PLUGINS`), which
+imports this module by name when the backend is asked for: `check()` and `regenerate_shard(...)`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from typing import TYPE_CHECKING
-
 from jetflow.data.prompts import PromptItem
 from jetflow.data.shards import SCHEMA, cut_at_stop, encode_shard, write_shard
 from jetflow.vllm import require_vllm
-
-if TYPE_CHECKING:
-    from jetflow.data.regenerate import RegenConfig
 
 _ENGINES: dict[tuple, Any] = {}
 
@@ -59,9 +55,14 @@ def rows_from_outputs(encoded: list[tuple[str, list[int]]], generated: Sequence[
     return rows, tokens
 
 
-def regenerate_shard_vllm(cfg: RegenConfig, items: list[PromptItem], path: Path, target=None) -> dict:
-    """The vLLM twin of `data.regenerate.regenerate_shard`: answer one shard, write it atomically,
-    return counts. `target` (a TargetModel) supplies the tokenizer and stop ids."""
+def check() -> None:
+    """VllmUnavailableError (with the install command) when vLLM is not installed."""
+    require_vllm("regeneration with backend='vllm'")
+
+
+def regenerate_shard(cfg, items: list[PromptItem], path: Path, target=None) -> dict:
+    """The vLLM twin of `data.regenerate.regenerate_shard`: answer one shard of `cfg` (a `RegenConfig`), write
+    it atomically, return counts. `target` (a TargetModel) supplies the tokenizer and stop ids."""
     vllm = require_vllm("regeneration with backend='vllm'")
     from jetflow.decode.prompt import stop_token_ids
     from jetflow.target import TargetModel
