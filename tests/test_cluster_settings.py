@@ -55,3 +55,18 @@ def test_a_single_node_ray_hands_the_workers_the_drivers_own_settings(monkeypatc
         assert ray.get(seen.remote()) == ("http://127.0.0.1:5999", str(tmp_path))
     finally:
         ray.shutdown()
+
+
+def test_a_later_ray_is_handed_its_own_drivers_uri_not_an_earlier_ones(monkeypatch, tmp_path):
+    """`handed_tracking_uri` follows the current connection and environment: nothing stays behind from an earlier
+    `init_ray` (a test's, a notebook's)."""
+    import ray
+
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("JETFLOW_STORAGE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5998")
+    init_ray(None, num_cpus=1)
+    ray.shutdown()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert handed_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"

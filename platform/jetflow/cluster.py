@@ -25,9 +25,6 @@ from urllib.parse import urlparse, urlunparse
 
 from jetflow.errors import InvalidSettingError
 
-_WORKER_ENV: dict[str, str] = {}  # what init_ray handed the workers (MLFLOW_TRACKING_URI as they reach it)
-
-
 def _is_loopback(host: str | None) -> bool:
     if not host:
         return False
@@ -107,8 +104,6 @@ def init_ray(address: str | None = None, *, need_storage: bool = True, **init_kw
         ray.shutdown()
         env["MLFLOW_TRACKING_URI"] = handed
         ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
-    _WORKER_ENV.clear()
-    _WORKER_ENV.update(env)
     try:
         check_cluster_ready(need_storage)
     except InvalidSettingError:
@@ -117,10 +112,12 @@ def init_ray(address: str | None = None, *, need_storage: bool = True, **init_kw
 
 
 def handed_tracking_uri() -> str:
-    """The tracking URI workers were given (what a trial or Train worker is told to log to)."""
+    """The tracking URI as workers of the Ray this process is connected to reach it (what a trial or Train worker
+    is told to log to): decided from the current connection, so a later Ray (a test's next) is never handed an
+    earlier one's."""
     from jetflow.tracking.store import tracking_uri
 
-    return _WORKER_ENV.get("MLFLOW_TRACKING_URI") or tracking_uri()
+    return reachable_from_workers(tracking_uri())
 
 
 def is_multi_node() -> bool:
