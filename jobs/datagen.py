@@ -2,6 +2,9 @@
 
     python jobs/datagen.py --preset demo            # the demo's data
     python jobs/datagen.py --num-prompts 2000 --workers 4   # shards spread over 4 Ray actors
+    ray job submit --working-dir . -- python jobs/datagen.py --workers 8   # on a cluster: into JETFLOW_STORAGE
+
+On a multi-node cluster the target runs only on worker nodes (the actors, then a task building the features).
 """
 
 from __future__ import annotations
@@ -9,13 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from jetflow.config_cli import add_dataclass_args, build_config, overrides, parse_args
-from jetflow.data.features import FeatureSpec, build_features
 from jetflow.data.regenerate import RegenConfig, regenerate
 from jetflow.errors import InvalidSettingError, JetFlowError
-from jetflow.train.pipeline import PRESETS, DatagenJob
+from jetflow.train.pipeline import PRESETS, DatagenJob, build_features_on_worker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,14 +32,18 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidSettingError(f"unknown preset {job.preset!r}; known: {', '.join(PRESETS)}")
         base = PRESETS[job.preset]
         cfg = RegenConfig(**{**dataclasses.asdict(base.regen), **overrides(args, RegenConfig)})
+        from jetflow.cluster import init_ray, on_worker, wants_gpu
+        from jetflow.storage import storage
+
+        if os.environ.get("RAY_ADDRESS"):  # a Ray job: join its cluster with what its workers need
+            init_ray()
         out = regenerate(cfg)
         print(json.dumps(json.loads((out / "manifest.json").read_text()), indent=2))
         if job.features:
-            from jetflow.target import TargetModel
-
-            target = TargetModel.load(cfg.model)
-            spec = FeatureSpec.for_target(target, base.train.num_taps, job.feature_max_len or base.features_max_len)
-            print(build_features(out, target, spec))
+            rel = on_worker(build_features_on_worker, storage().rel(out), cfg.model, cfg.device, cfg.dtype,
+                            base.train.num_taps, job.feature_max_len or base.features_max_len,
+                            num_gpus=1 if wants_gpu(cfg.device) else 0)
+            print(storage().uri_for(rel))
     except JetFlowError as exc:
         print(f"datagen: error: {exc}", file=sys.stderr)
         return 2
