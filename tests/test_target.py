@@ -202,3 +202,22 @@ def test_grouped_query_attention_packs_instead_of_repeating_and_gives_hf_sdpas_o
     assert torch.equal(got[0], want[0])
     # Transformers 5.24 folds one-token queries the same way (bit for bit); 5.20 repeats them (rounding differs)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_node_converts_the_bundled_target_whole_from_a_training_worker_of_any_rank(tmp_path, monkeypatch):
+    """Transformers' `save_pretrained` writes nothing on a torch.distributed rank other than 0: a Ray Train worker
+    of rank 1 converting its (fresh) node's copy left the tokenizer and no weights, and every later load on that
+    node failed ("Should have a `model_type` key"). Here transformers is told it is rank 1 of a process group."""
+    import transformers.distributed.mixin as mixin
+
+    from jetflow.target.bundled import prepare_bundled
+
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
+    out = prepare_bundled("smollm2-135m")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    monkeypatch.undo()
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    target = TargetModel.load("smollm2-135m")
+    assert target.model.config.model_type == "llama"

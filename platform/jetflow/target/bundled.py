@@ -57,8 +57,17 @@ def bundled_dir(name: str) -> Path:
     return models_dir() / name
 
 
+def _lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.lock"
+
+
 def prepare_bundled(name: str, force: bool = False) -> Path:
-    """Convert the bundled GGUF of `name` into an fp32 HF folder (idempotent). Returns the folder."""
+    """Convert the bundled GGUF of `name` into an fp32 HF folder (idempotent). Returns the folder.
+
+    Safe with several processes on one node (setup's `jetflow prepare-model` and Ray tasks loading the target):
+    the conversion runs under a file lock beside the folder, so one process converts and the others wait and
+    take its result; the folder appears by an atomic rename, so a reader never sees half a model, and a
+    complete model is only ever replaced by an explicit `force`."""
     if name not in BUNDLED:
         raise UnknownModelError(f"unknown bundled target {name!r}; bundled: {', '.join(BUNDLED)}")
     spec = BUNDLED[name]
@@ -66,9 +75,30 @@ def prepare_bundled(name: str, force: bool = False) -> Path:
     if (out / MANIFEST).exists() and not force:
         return out
 
+    from filelock import FileLock  # a dependency of torch and huggingface_hub
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(_lock_path(out))):
+        if (out / MANIFEST).exists() and not force:
+            return out  # another process converted it while we waited for the lock
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+        try:
+            _convert(spec, tmp)
+            if out.exists():
+                shutil.rmtree(out)  # under the lock: only a `force` or a folder without a manifest gets here
+            tmp.rename(out)  # atomic: an interrupted conversion leaves no half-written model
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _convert(spec: BundledTarget, dest: Path) -> None:
+    """Writes the fp32 HF folder of `spec` (model, tokenizer, manifest) into the existing folder `dest`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    name = spec.name
     gguf = _gguf_file(spec)
     # The GGUF loader dequantizes into a model that still carries a quantization_config;
     # rebuild a plain fp32 model from its config and copy the weights over.
@@ -88,31 +118,19 @@ def prepare_bundled(name: str, force: bool = False) -> Path:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        source_sha256 = file_sha256(gguf)
-        manifest = {
-            "name": name,
-            "source_package": spec.pip_spec,
-            "source_file": gguf.name,
-            "source_sha256": source_sha256,
-            "hub_id": spec.hub_id,
-            "revision": f"{spec.pip_spec}:{source_sha256[:12]}",
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if (out / MANIFEST).exists() and not force:
-            return out  # another process on this node converted it meanwhile: keep theirs, readers may use it
-        if out.exists():
-            shutil.rmtree(out)
-        try:
-            tmp.rename(out)  # atomic: an interrupted conversion leaves no half-written model
-        except OSError:  # a concurrent conversion renamed its copy first
-            if not (out / MANIFEST).exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    # Transformers writes a model's files only on torch.distributed rank 0: a Ray Train worker of rank > 0 that
+    # converts its node's copy (every node needs one) would write the tokenizer and no weights. This conversion
+    # is node-local, so it writes whatever the rank.
+    model.should_save_on_this_rank = lambda is_main_process: True
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    source_sha256 = file_sha256(gguf)
+    manifest = {
+        "name": name,
+        "source_package": spec.pip_spec,
+        "source_file": gguf.name,
+        "source_sha256": source_sha256,
+        "hub_id": spec.hub_id,
+        "revision": f"{spec.pip_spec}:{source_sha256[:12]}",
+    }
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
