@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     sweep = out.sweep
     print(summary_table(sweep.rows, sweep.best))
     report_trial_errors("budget sweep", sweep.errors)
+    if sweep.missing:
+        print(f"budget sweep: incomplete grid, {len(sweep.missing)} of {len(sweep.missing) + len(sweep.rows)} trials "
+              f"missing ({', '.join(sweep.missing)}): nothing stored or promoted. Rerun the same command: the sweep "
+              f"resumes from its state in storage and runs only the missing trials.", file=sys.stderr)
+        print(f"MLflow parent run {sweep.parent_run_id}")
+        return 1
     if sweep.best is None:
         print(f"no lossless trial finished for {sweep.head.label}")
         return 1

@@ -3,7 +3,9 @@
 1. choose the head: the one given (folder, name, `models:/…`), else the registry's `champion`, else — on a
    fresh machine — train the preset (`jetflow.train.pipeline`), log and register it (alias `challenger`);
 2. sweep its tree settings (`jetflow.sweeps.budget`);
-3. store the best lossless setting on its registry version (the tree config Serve uses), with the best budget
+3. once every trial of the grid has its row (a node lost mid-sweep costs reruns, not rows: `max_failures`;
+   an incomplete grid stores and promotes nothing, and rerunning the job runs only its missing trials),
+   store the best lossless setting on its registry version (the tree config Serve uses), with the best budget
    per concurrency level and τ per budget (where Serve's load-aware policy starts);
 4. a head trained here goes through the promotion gate, which decides whether it becomes `champion`.
 """
@@ -113,8 +115,8 @@ def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobO
     train_seconds = time.perf_counter() - t0 if trained else 0.0
     sweep = run_budget_sweep(cfg.sweep, head)
     out = MainJobOutcome(sweep=sweep, trained=trained, train_seconds=train_seconds)
-    best = sweep.best_tree
-    if best is not None and cfg.store_best and head.registered:
+    best = sweep.best_tree  # None unless the whole grid has its rows (`SweepOutcome.complete`)
+    if best is not None and sweep.complete and cfg.store_best and head.registered:
         set_tree_config(head.registered[0], head.registered[1], best)
         if sweep.budget_table:  # what the serving engine's load-aware policy starts from
             set_serving_profile(head.registered[0], head.registered[1], sweep.budget_table, sweep.tau_by_budget)

@@ -73,6 +73,8 @@ class ArchSweepConfig:
     workers_per_trial: int = 1           # Ray Train workers per trial
     use_gpu: bool = False                # a GPU per Ray Train worker
     dtype: str | None = None             # the frozen target's: fp32, bf16, fp16 (default bf16 on a GPU, fp32 on CPU)
+    max_failures: int = 2                # reruns of a trial whose worker or node died (Tune's FailureConfig); the
+                                         # rerun's training resumes from its last checkpoint in storage
 
     def __post_init__(self) -> None:
         self.space = self.search.space()
@@ -84,6 +86,8 @@ class ArchSweepConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.storage and not Path(self.storage).is_absolute():
             raise InvalidSettingError(f"storage must be an absolute path (Ray Tune requires it), got {self.storage!r}")
+        if self.max_failures < -1:
+            raise InvalidSettingError(f"max_failures must be >= 0 (or -1: no limit), got {self.max_failures}")
         from jetflow.train.pipeline import PRESETS
 
         if self.preset not in PRESETS:
@@ -98,7 +102,7 @@ class ArchSweepConfig:
 
         return TrainConfig.from_overrides(PRESETS[self.preset].train, {
             "name": name, "max_steps": self.max_steps, "eval_every": self.eval_every,
-            "checkpoint_every": self.max_steps, **sampled})
+            "checkpoint_every": self.eval_every, **sampled})  # each held-out report carries a checkpoint
 
     @property
     def location(self):
@@ -210,7 +214,8 @@ def _sweep(cfg: ArchSweepConfig, parent: str) -> ArchOutcome:
             tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=asha,
                                         max_concurrent_trials=cfg.max_concurrent),
             run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
-                                      storage_filesystem=location.filesystem, verbose=1),
+                                      storage_filesystem=location.filesystem, verbose=1,
+                                      failure_config=tune.FailureConfig(max_failures=cfg.max_failures)),
         )
     grid = tuner.fit()
     rows, histories = [], []

@@ -42,6 +42,8 @@ class BudgetSweepConfig:
     cpus_per_trial: float = 1.0        # Ray CPUs per trial (its torch threads)
     gpus_per_trial: float = 0.0        # Ray GPUs per trial (a trial given one decodes on it)
     dtype: str | None = None           # fp32, bf16 or fp16 (default: bf16 on a trial's GPU, fp32 on CPU)
+    max_failures: int = 2              # reruns of a trial whose worker or node died (Tune's FailureConfig;
+                                       # τ is deterministic, so a rerun elsewhere gives the same row)
 
     def __post_init__(self) -> None:
         if self.select not in SELECT:
@@ -50,6 +52,8 @@ class BudgetSweepConfig:
         self.budgets, self.widths, self.temperatures = ev.budgets, ev.widths, ev.temperatures
         if self.max_concurrent < 1 or self.cpus_per_trial <= 0 or self.gpus_per_trial < 0:
             raise InvalidSettingError("max_concurrent >= 1, cpus_per_trial > 0 and gpus_per_trial >= 0 are required")
+        if self.max_failures < -1:
+            raise InvalidSettingError(f"max_failures must be >= 0 (or -1: no limit), got {self.max_failures}")
         if self.storage and not Path(self.storage).is_absolute():
             raise InvalidSettingError(f"storage must be an absolute path (Ray Tune requires it), got {self.storage!r}")
 
@@ -201,15 +205,40 @@ def budget_trial(config: dict) -> None:
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
     sweep = BudgetSweepConfig(**shared["sweep"])
     report = evaluate(target, [loaded], sweep.eval_config(setting))
-    spec = TreeSpec.from_dict(setting["tree"])
-    run_id = log_evaluation(report, run_name=f"{spec.key} t{setting['temperature']:g}",
-                            parent_run_id=shared.get("parent_run_id"))
+    key = trial_key(setting)
+    parent = shared.get("parent_run_id")
     import ray
 
+    # born with its trial's name and node (a run its node's loss cut short still says which trial it was)
+    run_id = log_evaluation(report, run_name=key, parent_run_id=parent,
+                            tags={TRIAL_TAG: key, "jetflow.node": ray.util.get_node_ip_address()})
+    if parent:
+        drop_earlier_children(parent, key, keep=run_id)
+    tune.report({**trial_metrics(report), "mlflow_run_id": run_id})
+
+
+TRIAL_TAG = "jetflow.trial"
+
+
+def trial_key(setting: dict) -> str:
+    """A trial's name in the sweep (its child run's name and `jetflow.trial` tag): tree key and temperature."""
+    return f"{TreeSpec.from_dict(setting['tree']).key} t{setting['temperature']:g}"
+
+
+def drop_earlier_children(parent_run_id: str, key: str, keep: str) -> list[str]:
+    """Delete the parent's other child runs of trial `key`: a trial rerun after its node died (Tune's
+    FailureConfig, or the sweep resumed) may have logged before it was lost. The parent keeps each trial
+    once, its latest run. → the deleted run ids."""
     from jetflow.tracking.store import client
 
-    client().set_tag(run_id, "jetflow.node", ray.util.get_node_ip_address())  # where the trial decoded
-    tune.report({**trial_metrics(report), "mlflow_run_id": run_id})
+    c = client()
+    parent = c.get_run(parent_run_id)
+    runs = c.search_runs([parent.info.experiment_id],
+                         f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{TRIAL_TAG}` = '{key}'")
+    dropped = [r.info.run_id for r in runs if r.info.run_id != keep]
+    for run_id in dropped:
+        c.delete_run(run_id)
+    return dropped
 
 
 # --------------------------------------------------------------------------- driver
@@ -223,6 +252,12 @@ class SweepOutcome:
     budget_table: dict[int, int] = field(default_factory=dict)      # concurrency → best budget (1 = plain)
     tau_by_budget: dict[int, float] = field(default_factory=dict)   # the best tree's kind: budget → τ
     errors: dict[str, str] = field(default_factory=dict)            # trial folder → the error it ended in
+    missing: list[str] = field(default_factory=list)                # trials of the grid with no row (`trial_key`)
+
+    @property
+    def complete(self) -> bool:
+        """Every setting of the grid has its row: only then is there a best setting to store and promote."""
+        return not self.missing
 
     @property
     def best_tree(self) -> TreeSpec | None:
@@ -369,9 +404,11 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
             tune_config=tune.TuneConfig(metric=cfg.select, mode="max", max_concurrent_trials=cfg.max_concurrent,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
-                                      storage_filesystem=location.filesystem, verbose=1),
+                                      storage_filesystem=location.filesystem, verbose=1,
+                                      failure_config=tune.FailureConfig(max_failures=cfg.max_failures)),
         )
     grid = tuner.fit()
+    expected = [trial_key(s) for s in cfg.settings(_block_size(head.path))]
     rows = []
     for res in grid:
         if res.error is not None or not res.metrics or "tau" not in res.metrics:
@@ -384,9 +421,14 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
                                                     "ar_tokens_per_s", "lossless", "mlflow_run_id")},
                      **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c", "tau@"))}})
     errors = trial_errors(grid)
-    best = pick_best(rows, cfg.select)
+    done = {trial_key(r) for r in rows}
+    missing = [k for k in expected if k not in done]
+    # an incomplete grid has no best setting: nothing is stored or promoted from part of it
+    best = pick_best(rows, cfg.select) if not missing else None
     table = budget_by_concurrency(rows, best) if best is not None else {}
     c = client()
+    c.set_tag(parent, "jetflow.sweep.trials", f"{len(expected) - len(missing)}/{len(expected)}")
+    c.set_tag(parent, "jetflow.sweep.missing", ", ".join(missing) if missing else "none")
     c.log_text(parent, summary_table(rows, best), "sweep_table.md")
     log_figures(parent, budget_sweep_figures(set_rows(rows, _step_curve(cfg, trial_head))))
     if best is not None:
@@ -396,7 +438,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
             c.set_tag(parent, f"jetflow.best.{k}", str(best[k]))
         for level, budget in table.items():
             c.log_metric(parent, f"best_budget_c{level}", float(budget))
-    c.set_terminated(parent, "FAILED" if errors else "FINISHED")
+    c.set_terminated(parent, "FAILED" if errors or missing else "FINISHED")
     return SweepOutcome(head=head, rows=rows, best=best, parent_run_id=parent, seconds=time.perf_counter() - t0,
                         budget_table=table, tau_by_budget=tau_by_budget(rows, best) if best is not None else {},
-                        errors=errors)
+                        errors=errors, missing=missing)

@@ -269,18 +269,20 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
     return markdown_table(rows, list(rows[0])) if rows else "(no rows)\n"
 
 
-def log_evaluation(report: dict | EvalReport, run_name: str | None = None, parent_run_id: str | None = None) -> str:
+def log_evaluation(report: dict | EvalReport, run_name: str | None = None, parent_run_id: str | None = None,
+                   tags: dict[str, str] | None = None) -> str:
     """Log an evaluation report (contract: `jetflow.tracking.report.EvalReport`) as a run of
     `jetflow/<target id>`; returns the run id.
 
     params: the report's params + `target.*`, `head.path`, `head.uri`, `head.*` architecture; metrics: the
     report's flat metrics; step metrics: `report["step_metrics"][key][i]` at step i + 1 (= depth);
     tags: `jetflow.kind=eval`, target id/revision, `jetflow.eval_sets`, git / package versions, head
-    lineage (registered name + version + training run when the head is registered); artifacts:
+    lineage (registered name + version + training run when the head is registered), and `tags`; artifacts:
     `report.json`, `eval_table.json` (MLflow table) + `eval_table.md`, `plots/*.png`.
     Raises InvalidSettingError when the report breaks the contract (nothing is logged then).
     """
     rep = validate_report(report)
+    extra_tags = dict(tags or {})  # the caller's, set when the run is created
     head = rep.head
     params: dict[str, str] = {"target.id": rep.target.id, "target.revision": rep.target.revision}
     if head is not None:
@@ -294,6 +296,7 @@ def log_evaluation(report: dict | EvalReport, run_name: str | None = None, paren
             **_eval_lineage(rep)}
     if head is not None and head.provenance and head.provenance.get("data_manifest_sha256"):
         tags["jetflow.data.manifest_sha256"] = head.provenance["data_manifest_sha256"]
+    tags.update(extra_tags)
     name = run_name or f"eval {tags.get('jetflow.head.name', 'head')}"
 
     with _run(rep.target.id, name, tags, parent_run_id) as run_id:
