@@ -75,8 +75,17 @@ def recorded_run(head_dir: str | Path) -> Run | None:
     """The run a head folder's marker names, when this store has it (not deleted); else None."""
     marker = Path(head_dir) / MARKER
     try:
-        run = client().get_run(json.loads(marker.read_text())["run_id"])
-    except (OSError, ValueError, KeyError, MlflowException):
+        run_id = json.loads(marker.read_text())["run_id"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return _active_run(run_id)
+
+
+def _active_run(run_id: str) -> Run | None:
+    """Run `run_id` of this store, unless deleted; else None."""
+    try:
+        run = client().get_run(run_id)
+    except MlflowException:
         return None
     return run if run.info.lifecycle_stage == "active" else None
 
@@ -117,17 +126,20 @@ def _raise_system_exit(signum, frame) -> None:
 @contextmanager
 def training_run(cfg, out: str | Path, features: Any, *, target_id: str | None = None,
                  parent_run_id: str | None = None, run_name: str | None = None, tags: dict[str, str] | None = None,
-                 interruptions: tuple[type[BaseException], ...] = (), resuming: bool = False) -> Iterator[LiveRun]:
+                 interruptions: tuple[type[BaseException], ...] = (), resuming: bool = False,
+                 run_id: str | None = None) -> Iterator[LiveRun]:
     """Open (or continue, see the module doc) the live run of training `cfg` into head folder `out` on
     `features` (a feature-cache folder or an `OnlineFeatures`), in experiment `jetflow/<target>` (default:
     the target the features were computed with), nested under `parent_run_id` when given. The run ends
     when the block does: FINISHED, KILLED (KeyboardInterrupt, SystemExit — SIGTERM raises it while the
     block runs in the main thread — or one of `interruptions`) or FAILED (any other exception). `resuming`:
-    the training will resume from checkpoints in `out` (its caller, which owns them, says so)."""
+    the training will resume from checkpoints in `out` (its caller, which owns them, says so); `run_id`: the
+    run those checkpoints belong to (a checkpoint in cluster storage names it), else the one `out` records."""
     out = Path(out).expanduser().resolve()
     target_id = target_id or _features_meta(features)["target_model_id"]
     c = client()
-    previous = recorded_run(out)
+    previous = _active_run(run_id) if run_id else None
+    previous = previous or recorded_run(out)
     resumed = previous is not None and resuming
     if resumed:
         run_id = previous.info.run_id

@@ -4,6 +4,7 @@ real (lossless) decoder on held-out prompts. Presets size it for a laptop or a c
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -120,8 +121,10 @@ def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135
         raise InvalidSettingError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     if features not in ("cache", "online"):
         raise InvalidSettingError(f"features must be 'cache' or 'online', got {features!r}")
-    from jetflow.cluster import is_multi_node
+    from jetflow.cluster import init_ray, is_multi_node
 
+    if use_ray and os.environ.get("RAY_ADDRESS"):  # a Ray job, or a driver of a running cluster: join it with what
+        init_ray()                                 # its workers need (storage, tracking), before deciding anything
     p = PRESETS[preset]
     regen_cfg = RegenConfig(**{**asdict(p.regen), "model": model, "device": device, "dtype": dtype,
                                **(regen_overrides or {})})

@@ -11,6 +11,7 @@ checkpoint, which Ray keeps in cluster storage (`RunConfig(storage_path, storage
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -53,34 +54,141 @@ def _loop(config: dict) -> None:
     else:
         data = FeatureCache(Path(config["features"]))
     every = max(1, config["train"]["checkpoint_every"])
+    pending: dict = {}  # a checkpoint step's metrics, reported with its checkpoint
 
     def log(metrics: dict, step: int) -> None:
         if step_log is not None:  # every step into MLflow (rank 0)
             step_log(metrics, step)
-        # to Ray Train: every checkpoint interval and every periodic held-out eval (what a Tune scheduler
-        # stops on); the final metrics are reported below, with the checkpoint
+        # to Ray Train: every checkpoint interval (with the checkpoint, below) and every periodic held-out eval
+        # (what a Tune scheduler stops on); the final metrics are reported at the end, with the head
         has_eval = any(k.startswith("eval/") for k in metrics)
         if config.get("evals_only") and not has_eval:
             return  # under a Tune scheduler every report must carry the metric it stops on
-        if "train/seconds" not in metrics and (step % every == 0 or has_eval):
+        if "train/seconds" in metrics:
+            return
+        if step % every == 0:
+            pending.update({**metrics, "step": step, **run_tag})
+        elif has_eval:
             ray.train.report({**metrics, "step": step, **run_tag})
+
+    def on_checkpoint(step: int, folder: Path | None) -> None:
+        """Every rank reports together; rank 0 hands Ray Train the checkpoint it wrote, with the MLflow run it
+        belongs to, and Ray keeps it in cluster storage: what every rank of a restarted worker group — on any
+        node — resumes from (Ray registers a checkpoint only once it is whole in storage)."""
+        metrics = dict(pending) or {"step": step, **run_tag}
+        pending.clear()
+        if config.get("evals_only") and not any(k.startswith("eval/") for k in metrics):
+            return  # no report without the scheduler's metric: this checkpoint stays on the node
+        checkpoint = None
+        if folder is not None:
+            (folder / RESUME_MARKER).write_text(json.dumps({"step": step, "train_hash": config["train_hash"],
+                                                            **run_tag}) + "\n")
+            checkpoint = ray.train.Checkpoint.from_directory(str(folder))
+        ray.train.report(metrics, checkpoint=checkpoint)
 
     from jetflow.paths import jetflow_home
 
     out = Path(config["out"]) if "out" in config else jetflow_home() / config["out_home_rel"]  # this node's
+    shared = "out_home_rel" in config
+    resume_state = stored_state(ray.train.get_checkpoint(), config["train_hash"])
     with step_log or nullcontext():  # flushes the last points and stops the system metrics, however it ends
         metrics = train(TrainConfig(**config["train"]), target, data, out, log=log, progress=False,
-                        rank=rank, world=world, on_start=step_log.start if step_log else None)
+                        rank=rank, world=world, on_start=step_log.start if step_log else None,
+                        resume_state=resume_state, local_checkpoints=not shared, on_checkpoint=on_checkpoint)
     # the trained head folder is the run's Ray checkpoint (rank 0 owns it; every rank reports)
     checkpoint = ray.train.Checkpoint.from_directory(str(out)) if rank == 0 else None
     ray.train.report({**metrics, "step": metrics.get("train/steps", 0), **run_tag}, checkpoint=checkpoint)
+
+
+RESUME_MARKER = "jetflow_train.json"  # in a reported checkpoint: its step, the training's hash, its MLflow run
+
+
+def train_hash(loop_config: dict) -> str:
+    """What makes a stored checkpoint this training's: its settings, target and data (not where it writes)."""
+    import hashlib
+
+    keys = {k: loop_config.get(k) for k in ("train", "model", "features", "features_rel", "online")}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _resume_marker(folder: Path) -> tuple[Path, dict] | None:
+    """(the state file, its marker) of a checkpoint folder: a step checkpoint, or a trained head folder holding
+    its step checkpoints (the run's final report). None when it holds no complete one."""
+    from jetflow.train.trainer import STATE, latest_checkpoint
+
+    step_dir = folder if (folder / STATE).exists() else latest_checkpoint(folder / "checkpoints")
+    if step_dir is None:
+        return None
+    try:
+        return step_dir / STATE, json.loads((step_dir / RESUME_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stored_state(checkpoint, expected_hash: str) -> dict | None:
+    """The trainer state of Ray Train's latest checkpoint of this run (`ray.train.get_checkpoint()`), when it is
+    this training's (`train_hash`); None to start from step 0."""
+    if checkpoint is None:
+        return None
+    import torch
+
+    with checkpoint.as_directory() as folder:
+        found = _resume_marker(Path(folder))
+        if found is None or found[1].get("train_hash") != expected_hash:
+            return None
+        return torch.load(found[0], weights_only=False, map_location="cpu")
+
+
+def stored_resume(run_name: str, storage: Path | None, expected_hash: str) -> dict | None:
+    """The marker of the furthest checkpoint of Ray Train run `run_name` in its storage that belongs to this
+    training: {"step", "mlflow_run_id", …}, read by the driver before it starts the run (which MLflow run
+    to continue). Folders without a readable marker — an upload cut short — are skipped."""
+    import pyarrow.fs as pafs
+
+    path, fs = _ray_storage(storage)
+    fs = fs or pafs.LocalFileSystem()
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(f"{path}/{run_name}", allow_not_found=True))
+    except OSError:
+        return None
+    best = None
+    for entry in entries:
+        if entry.type != pafs.FileType.Directory or not entry.base_name.startswith("checkpoint_"):
+            continue
+        for rel in (RESUME_MARKER, None):
+            marker = _read_marker(fs, entry.path, rel)
+            if marker and marker.get("train_hash") == expected_hash:
+                if best is None or marker.get("step", 0) > best.get("step", 0):
+                    best = marker
+                break
+    return best
+
+
+def _read_marker(fs, folder: str, rel: str | None) -> dict | None:
+    """A checkpoint folder's marker: at its top (`rel`), or — with None — in its newest step checkpoint."""
+    import pyarrow.fs as pafs
+
+    try:
+        if rel is None:
+            steps = sorted(e.path for e in fs.get_file_info(pafs.FileSelector(f"{folder}/checkpoints",
+                                                                              allow_not_found=True))
+                           if e.base_name.startswith("step-"))
+            if not steps:
+                return None
+            target = f"{steps[-1]}/{RESUME_MARKER}"
+        else:
+            target = f"{folder}/{rel}"
+        with fs.open_input_stream(target) as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use_gpu: bool = False,
                  storage: Path | None = None, callbacks: list | None = None, run_name: str | None = None,
                  evals_only: bool = False, cpus_per_worker: float | None = None, *, track: bool = True,
                  parent_run_id: str | None = None, mlflow_run_name: str | None = None,
-                 progress_s: float | None = 30.0, dtype: str | None = None) -> dict:
+                 progress_s: float | None = 30.0, dtype: str | None = None, max_failures: int = 2) -> dict:
     """Run `jetflow.train.trainer.train` under Ray Train; returns the last reported metrics. `callbacks`
     go to the run config (a Tune trial passes `TuneReportCallback` so its reports reach Tune, and
     `evals_only` so that only reports with held-out metrics are made). `features` is a feature-cache
@@ -94,7 +202,7 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     is the frozen target's (default: bf16 on GPU workers, fp32 on CPU ones), the head trains in fp32."""
     import ray
     from ray.exceptions import RayActorError
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from jetflow.cluster import is_multi_node
@@ -107,6 +215,8 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     shared = is_multi_node()
     loop_config = {"train": dataclasses.asdict(cfg), "model": model, **_features_config(features, shared),
                    **_out_config(out, shared), "evals_only": evals_only, "use_gpu": use_gpu, "dtype": dtype}
+    loop_config["train_hash"] = train_hash(loop_config)
+    run_name = run_name or f"train-{cfg.name}"
     storage_path, storage_fs = _ray_storage(storage)
 
     def fit() -> dict:
@@ -114,8 +224,10 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
             _loop, train_loop_config=loop_config,
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                          resources_per_worker={"CPU": cpus_per_worker} if cpus_per_worker else None),
-            run_config=RunConfig(name=run_name or f"train-{cfg.name}", callbacks=callbacks or None,
-                                 storage_path=storage_path, storage_filesystem=storage_fs),
+            # a worker or node lost: the worker group restarts (on any node) from the last checkpoint in storage
+            run_config=RunConfig(name=run_name, callbacks=callbacks or None, storage_path=storage_path,
+                                 storage_filesystem=storage_fs, failure_config=FailureConfig(max_failures=max_failures),
+                                 checkpoint_config=CheckpointConfig(num_to_keep=2)),
         )
         result = trainer.fit()
         metrics = dict(result.metrics or {})
@@ -133,9 +245,13 @@ def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use
     # RayActorError, which marks the run KILLED like the signal itself would.
     from jetflow.train.trainer import latest_checkpoint
 
-    resuming = latest_checkpoint(out / "checkpoints") is not None
+    # resuming: from Ray Train's last checkpoint of this training in storage (continuing the MLflow run it names),
+    # or — one machine — from the head folder's own checkpoints
+    stored = stored_resume(run_name, storage, loop_config["train_hash"])
+    resuming = stored is not None or (not shared and latest_checkpoint(out / "checkpoints") is not None)
     with training_run(cfg, out, features, parent_run_id=parent_run_id, run_name=mlflow_run_name,
-                      interruptions=(RayActorError,), resuming=resuming) as run, ConsoleProgress(run, cfg.name, progress_s):
+                      interruptions=(RayActorError,), resuming=resuming,
+                      run_id=(stored or {}).get("mlflow_run_id")) as run, ConsoleProgress(run, cfg.name, progress_s):
         loop_config["mlflow"] = run.worker_config()
         return fit()
 

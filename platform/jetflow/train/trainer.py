@@ -119,13 +119,19 @@ def split_indices(n: int, eval_sequences: int, seed: int) -> tuple[list[int], li
 
 def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable[[dict, int], None] | None = None,
           stop_after: int | None = None, progress: bool = True, rank: int = 0, world: int = 1,
-          on_start: Callable[[DraftHead, dict], None] | None = None) -> dict:
+          on_start: Callable[[DraftHead, dict], None] | None = None, resume_state: dict | None = None,
+          local_checkpoints: bool = True, on_checkpoint: Callable[[int, Path | None], None] | None = None) -> dict:
     """Train (or resume) a head into `out`; returns the final metrics. `log(metrics, step)` gets every
     optimizer step's metrics (loss, lr, epoch, drafted tokens/s; the held-out monitor's when it runs) and
     the final ones. `on_start(head, schedule)` is called once the head is built and any checkpoint
     restored; `schedule` has total_steps, steps_per_epoch, warmup_steps, train_sequences, eval_sequences
     and start_step (> 0 when resuming). `stop_after` ends the run early after that many optimizer steps
-    (a simulated kill, for tests)."""
+    (a simulated kill, for tests).
+
+    Resume: from `resume_state` (a checkpoint's state, the same on every rank: Ray Train's, from cluster
+    storage) or from `out/checkpoints` (`local_checkpoints`: this node's own), whichever is further along.
+    `on_checkpoint(step, folder)` is called on every rank after each checkpoint (rank 0 gets the folder it
+    wrote, the others None): where Ray Train reports it."""
     from tqdm import tqdm
 
     out = Path(out)
@@ -144,9 +150,11 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
         opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))))
     step = 0
     ckpt_root = out / "checkpoints"
-    latest = latest_checkpoint(ckpt_root)
-    if latest is not None:
-        state = torch.load(latest / STATE, weights_only=False, map_location=target.device)
+    latest = latest_checkpoint(ckpt_root) if local_checkpoints else None
+    state = resume_state
+    if latest is not None and (state is None or checkpoint_step(latest) > state["step"]):
+        state = torch.load(latest / STATE, weights_only=False, map_location="cpu")
+    if state is not None:
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -202,8 +210,10 @@ def train(cfg: TrainConfig, target, data: FeatureCache, out: Path, log: Callable
             metrics.update(evaluate(head, target, data, eval_idx, cfg).as_metrics())
         if log:
             log(metrics, step)
-        if rank == 0 and (step % cfg.checkpoint_every == 0 or step == total):
-            _save_checkpoint(ckpt_root, step, head, opt, sched)
+        if step % cfg.checkpoint_every == 0 or step == total:
+            saved = _save_checkpoint(ckpt_root, step, head, opt, sched) if rank == 0 else None
+            if on_checkpoint:
+                on_checkpoint(step, saved)
         if stop_after is not None and step >= stop_after and step < total:
             bar.close()
             return {"stopped_at": step}
@@ -228,7 +238,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _save_checkpoint(root: Path, step: int, head, opt, sched, keep: int = 2) -> None:
+def checkpoint_step(folder: Path) -> int:
+    """The optimizer step of a checkpoint folder (`step-0000042`)."""
+    return int(folder.name.rsplit("-", 1)[-1])
+
+
+def _save_checkpoint(root: Path, step: int, head, opt, sched, keep: int = 2) -> Path:
     path = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -239,3 +254,4 @@ def _save_checkpoint(root: Path, step: int, head, opt, sched, keep: int = 2) -> 
     tmp.rename(path)  # a checkpoint exists only when complete
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    return path
