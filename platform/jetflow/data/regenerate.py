@@ -219,23 +219,45 @@ def map_on_started_actors(actors: list, ready: Callable[[Any], Any], run: Callab
     """Hand `jobs` to Ray `actors` as each one starts and frees up, yielding results as they finish.
     `ready(actor)` and `run(actor, job)` return object refs. An actor Ray cannot place yet (more actors than
     CPUs; on an autoscaling cluster, no node yet) takes no job until it starts — handing shards out up front
-    (ActorPool) left them waiting forever on actors that never ran. Unstarted actors are killed at the end."""
+    (ActorPool) left them waiting forever on actors that never ran. Unstarted actors are killed at the end.
+    An actor that dies (its node lost) is dropped and its job handed to the next free one; only when none is
+    left does the error propagate (what finished is kept: a rerun does the rest)."""
     import ray
+    from ray.exceptions import RayActorError
 
     starting = {ready(a): a for a in actors}
-    running: dict = {}
+    running: dict = {}  # ref -> (actor, job)
+    idle: list = []
     queue = list(jobs)
+    lost: list[BaseException] = []
     try:
         while queue or running:
+            while queue and idle:
+                actor, job = idle.pop(0), queue.pop(0)
+                running[run(actor, job)] = (actor, job)
+            if not starting and not running:
+                raise lost[-1] if lost else RuntimeError("no actor to run the jobs")  # every actor died
             (ref,), _ = ray.wait([*starting, *running], num_returns=1)
             if ref in starting:
-                ray.get(ref)  # an actor that failed to start raises here
-                free = starting.pop(ref)
-            else:
-                free = running.pop(ref)
-                yield ray.get(ref)
-            if queue:
-                running[run(free, queue.pop(0))] = free
+                actor = starting.pop(ref)
+                try:
+                    ray.get(ref)  # an actor that failed to start raises here
+                except RayActorError as exc:
+                    lost.append(exc)
+                    continue
+                idle.append(actor)
+                continue
+            actor, job = running.pop(ref)
+            try:
+                result = ray.get(ref)
+            except RayActorError as exc:  # its node died, or the actor: another actor takes the job
+                log.warning("regeneration: an actor was lost (%s); its shard goes to another actor",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                lost.append(exc)
+                queue.insert(0, job)
+                continue
+            idle.append(actor)
+            yield result
     finally:
         for a in actors:
             ray.kill(a)
@@ -305,6 +327,22 @@ def _regenerate_on_actors(cfg: RegenConfig, out: Path | None, progress: bool, ma
             ray.kill(a)
 
 
+def _first_info(actors: list) -> dict:
+    """`target_info` from the first actor that starts (one that dies starting — its node lost — is passed over;
+    the error of the last is raised when none starts)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    pending = [a.info.remote() for a in actors]
+    while True:
+        (ref,), pending = ray.wait(pending, num_returns=1)
+        try:
+            return ray.get(ref)
+        except RayActorError:
+            if not pending:
+                raise
+
+
 def _answer_on(actors: list, cfg: RegenConfig, shards: list, out: Path | None, progress: bool,
                max_shards: int | None) -> Path:
     import ray
@@ -312,8 +350,7 @@ def _answer_on(actors: list, cfg: RegenConfig, shards: list, out: Path | None, p
     from jetflow.cluster import is_multi_node
     from jetflow.storage import storage
 
-    first, _ = ray.wait([a.info.remote() for a in actors], num_returns=1)
-    info = ray.get(first[0])
+    info = _first_info(actors)
     shared = is_multi_node()
     store = storage()
     if out is None:
