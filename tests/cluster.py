@@ -85,6 +85,7 @@ class Worker:
     temp_dir: Path | None = None
     veth: str = ""
     alive: bool = False
+    restarts: int = 0       # replacements started by `LocalCluster.restart_worker`
 
 
 @dataclass
@@ -98,6 +99,7 @@ class LocalCluster:
     head_ip: str
     bridge: str
     cpus_per_worker: int = 1
+    object_store_mb: int = 1024
     ray_env: dict[str, str] = field(default_factory=dict)
     gcs_port: int = 0
     dashboard_port: int = 0
@@ -183,6 +185,25 @@ class LocalCluster:
         w.alive = False
         return sorted(pids)
 
+    def restart_worker(self, index: int, timeout_s: float = STARTUP_S) -> Worker:
+        """Starts a replacement for killed worker node `index`, as a cloud replaces a lost machine: the same
+        address, resources and CPUs, but a new Ray node with an empty private disk (fresh mount namespace, so
+        an empty JETFLOW_HOME, HF cache and /tmp). Returns once Ray reports it alive."""
+        w = self.worker(index)
+        if w.alive:
+            raise ClusterError(f"worker{index} is running: kill_worker({index}) first")
+        deadline = time.monotonic() + timeout_s
+        while any(n["ip"] == w.ip and n["alive"] for n in self.nodes()):  # the lost node marked dead first
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Ray still reports the killed worker{index} alive\n{self.logs_tail()}")
+            time.sleep(0.25)
+        w.restarts += 1
+        w.temp_dir = self.short_dir / f"w{index}r{w.restarts}"
+        proc = _launch_worker(self, w, self.object_store_mb)
+        _finish_worker(self, w, proc, deadline)
+        _wait_nodes(self, 1 + sum(x.alive for x in self.workers), deadline)
+        return w
+
     def nodes(self) -> list[dict]:
         """The GCS's node table (alive and dead): dicts with node_id, ip, alive, resources."""
         return _gcs_nodes(self.address)
@@ -191,7 +212,7 @@ class LocalCluster:
         """The last `chars` of each node's raylet/GCS logs and of the servers' logs (for failure messages)."""
         out = []
         candidates = [self.base / f"{n}.log" for n in ("s3", "mlflow", "ray-head.start")]
-        candidates += [self.base / f"ray-w{w.index}.start.log" for w in self.workers]
+        candidates += [self.base / f"ray-{w.temp_dir.name}.start.log" for w in self.workers]
         for d in [self.head_temp_dir] + [w.temp_dir for w in self.workers]:
             if d is not None:
                 logs = d / "session_latest" / "logs"
@@ -255,7 +276,7 @@ class LocalCluster:
         shutil.rmtree(self.short_dir, ignore_errors=True)
         self.head_temp_dir = self.base / "ray-head"
         for w in self.workers:
-            w.temp_dir = self.base / f"ray-w{w.index}"
+            w.temp_dir = self.base / f"ray-{w.temp_dir.name}"
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -309,6 +330,7 @@ def start_cluster(base: Path, jetflow_home: Path, workers: int = 2, cpus_per_wor
     subnet = _free_subnet()
     c = LocalCluster(base=base, jetflow_home=jetflow_home, hf_home=hf_home, tag=tag,
                      head_ip=f"{SUBNET_PREFIX}.{subnet}.1", bridge=f"{tag}b", cpus_per_worker=cpus_per_worker,
+                     object_store_mb=object_store_mb,
                      ray_env={k: str(v) for k, v in (ray_env or {}).items()})
     atexit.register(c.stop)
     try:
@@ -492,7 +514,7 @@ exec "$@"
 
 def _launch_worker(c: LocalCluster, w: Worker, object_store_mb: int) -> subprocess.Popen:
     w.temp_dir.mkdir(parents=True, exist_ok=True)
-    _link(c.base / f"ray-w{w.index}", w.temp_dir)
+    _link(c.base / f"ray-{w.temp_dir.name}", w.temp_dir)  # ray-w<i>, a replacement's ray-w<i>r<n>
     resources = json.dumps({w.resource: 1, "jetflow_worker": 1000})
     ray_argv = [str(_BIN / "ray"), "start", "--address", c.address, "--node-ip-address", w.ip,
                 "--num-cpus", str(c.cpus_per_worker), "--resources", resources, "--disable-usage-stats",
@@ -500,7 +522,7 @@ def _launch_worker(c: LocalCluster, w: Worker, object_store_mb: int) -> subproce
     argv = ["ip", "netns", "exec", w.netns, "unshare", "--mount", "--propagation", "private", "--",
             "bash", "-c", _WORKER_SCRIPT, "bash", str(w.temp_dir), str(c.jetflow_home), str(c.hf_home),
             *ray_argv]
-    with open(c.base / f"ray-w{w.index}.start.log", "wb") as fh:
+    with open(c.base / f"ray-{w.temp_dir.name}.start.log", "wb") as fh:
         # Every node here shares the machine's hostname, which resolves to a loopback address: gloo (Ray Train's
         # CPU collectives) would advertise that to its peers. A real node's hostname resolves to its own address;
         # here the node names its interface instead.

@@ -10,11 +10,14 @@ replica on each worker node, answering the `openai` client with `jetflow generat
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -44,7 +47,9 @@ def cluster(tmp_path_factory):
         ray.shutdown()
     base = tmp_path_factory.mktemp("cluster")
     home = base / "driver-home"  # the driver's own disk: nothing of an earlier test's home
-    c = start_cluster(base, home, workers=2)
+    # a killed node is marked dead in ~2 s (Ray's default: ~15 s of missed health checks)
+    c = start_cluster(base, home, workers=2, ray_env={"RAY_health_check_period_ms": "500",
+                                                      "RAY_health_check_failure_threshold": "4"})
     mp = pytest.MonkeyPatch()
     try:
         for key, value in c.driver_env().items():
@@ -55,6 +60,9 @@ def cluster(tmp_path_factory):
         ray.shutdown()  # before the cluster stops: a driver whose raylet dies exits
         mp.undo()
         c.stop()
+
+
+UNDISTURBED: dict = {}  # results of the undisturbed runs, for the fault tests
 
 
 def _nodes_of(class_name: str) -> set[str]:
@@ -98,6 +106,7 @@ def test_the_main_job_trains_sweeps_registers_and_promotes_across_nodes(cluster)
                               prompts_per_set=1, max_new_tokens=8, concurrency=[1], max_concurrent=2,
                               name="cluster-budget-sweep")
     out = run_main_job(MainJobConfig(preset="smoke", train_workers=2, regen_workers=2, sweep=sweep))
+    UNDISTURBED["sweep_rows"] = out.sweep.rows  # what the fault tests compare with
     print(f"[cluster] main job {time.perf_counter() - t0:.0f} s (training {out.train_seconds:.0f} s)")
     workers = {w.ip for w in cluster.workers}
     # regeneration: two actors, one per worker node; Ray Train: two workers, one per node
@@ -142,27 +151,206 @@ def test_the_arch_sweep_returns_its_finalists_across_nodes(cluster):
     assert out.challenger == out.finalists[0]["version"]
 
 
-def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp_path):
-    """`serve/app.py --address …` places its replicas on the worker nodes; each reads the champion through the
-    registry on its own node; the `openai` client gets `jetflow generate`'s text."""
-    from openai import OpenAI
+# --------------------------------------------------------------------------- a node lost mid-work
+def _wait_for(check, what: str, timeout: float = 300.0, every: float = 0.5):
+    """`check()`'s first truthy value, polled until `timeout` (AssertionError naming `what` after that)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
+
+class Killer(threading.Thread):
+    """Kills worker node `index` once `when()` is true (polled in the background while the test's main thread
+    drives the job); `killed_at` is the monotonic time of the kill, `seen` what `when()` returned then."""
+
+    def __init__(self, cluster, index: int, when, timeout: float = 300.0):
+        super().__init__(daemon=True)
+        self.cluster, self.index, self.when, self.timeout = cluster, index, when, timeout
+        self.killed_at: float | None = None
+        self.seen = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.seen = _wait_for(self.when, f"the moment to kill worker{self.index}", self.timeout, every=0.2)
+            self.cluster.kill_worker(self.index)
+            self.killed_at = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def _replace(cluster, index: int) -> None:
+    """A new machine in place of the lost worker node (empty disk): what the next test expects to find."""
+    if not cluster.worker(index).alive:
+        cluster.restart_worker(index)
+
+
+def _children(parent_run_id: str) -> list:
+    from jetflow.tracking.store import client
+
+    exp = client().get_run(parent_run_id).info.experiment_id
+    return client().search_runs([exp], f"tags.mlflow.parentRunId = '{parent_run_id}'")
+
+
+def _sweep_parent(name: str) -> str | None:
+    from jetflow.tracking.store import client, experiment_for
+
+    runs = client().search_runs([experiment_for(TARGET)], f"attributes.run_name = 'budget sweep {name}'")
+    return runs[0].info.run_id if runs else None
+
+
+def test_a_budget_sweep_that_lost_a_node_stores_nothing_and_its_rerun_runs_only_the_missing_trials(cluster):
+    """Trials on both nodes, worker2 killed mid-grid with no reruns allowed (`max_failures=0`): the grid is
+    incomplete, so nothing is stored; rerun (Tune restores from storage), only the missing trials run, the
+    parent run holds every trial once, and the rows equal the undisturbed main job's."""
+    from jetflow.main_job import MainJobConfig, run_main_job
+    from jetflow.sweeps.budget import TRIAL_TAG, BudgetSweepConfig
+    from jetflow.tracking import registered_model_name
+
+    name = "fault-sweep"
+    champion = f"models:/{registered_model_name(TARGET)}@champion"
+
+    def job(max_failures: int):
+        sweep = BudgetSweepConfig(target=TARGET, budgets=[2, 4, 8, 16], algorithms=["accum_logp"], sets=["humaneval"],
+                                  prompts_per_set=1, max_new_tokens=8, concurrency=[1], max_concurrent=2, name=name,
+                                  max_failures=max_failures)
+        return run_main_job(MainJobConfig(head=champion, sweep=sweep))
+
+    def one_trial_done():
+        parent = _sweep_parent(name)
+        return parent and any(r.info.status == "FINISHED" for r in _children(parent))
+
+    killer = Killer(cluster, 2, one_trial_done)
+    killer.start()
+    first = job(max_failures=0)
+    killer.join(timeout=5)
+    assert killer.killed_at is not None, killer.error
+    assert first.sweep.missing and not first.sweep.complete, "worker2's trial was lost: the grid is incomplete"
+    assert first.sweep.best is None and not first.stored, "nothing is stored from an incomplete grid"
+    from jetflow.tracking.store import client
+
+    parent = client().get_run(first.sweep.parent_run_id)
+    assert parent.data.tags["jetflow.sweep.missing"] == ", ".join(first.sweep.missing)
+    assert "jetflow.best.key" not in parent.data.tags and parent.info.status == "FAILED"
+    ended = time.time() * 1000
+    _replace(cluster, 2)
+    second = job(max_failures=0)  # the same command again
+    assert second.sweep.complete and second.stored and second.sweep.parent_run_id == first.sweep.parent_run_id
+    children = [r for r in _children(second.sweep.parent_run_id)]
+    keys = sorted(r.data.tags[TRIAL_TAG] for r in children)
+    assert keys == sorted({*keys}) and len(keys) == 4, f"every trial once in the parent: {keys}"
+    rerun = sorted(r.data.tags[TRIAL_TAG] for r in children if r.info.start_time > ended)
+    assert rerun == sorted(first.sweep.missing), "the rerun ran only the missing trials"
+    before = {r["key"]: r["tau"] for r in UNDISTURBED["sweep_rows"]}
+    after = {r["key"]: r["tau"] for r in second.sweep.rows}
+    assert before and all(after[k] == tau for k, tau in before.items()), (before, after)
+    assert client().get_run(second.sweep.parent_run_id).data.tags["jetflow.sweep.missing"] == "none"
+
+
+def test_a_two_node_training_resumes_from_its_checkpoint_in_storage_in_the_same_run(cluster):
+    """Ray Train on both workers; worker2 killed after the first checkpoint reached storage, a replacement node
+    joins: Ray Train (FailureConfig) restarts the worker group, every rank resumes from that checkpoint, rank 0
+    keeps logging into the same MLflow run, and the job ends with the whole head."""
+    from jetflow.paths import heads_dir
+    from jetflow.storage import storage
+    from jetflow.tracking.store import client, experiment_for
+
+    st = storage()
+
+    def checkpointed():  # registered: every rank reported it (Ray then writes its snapshot), not just uploaded
+        return "checkpoint_manager_snapshot.json" in st.files("ray_results/train-fault")
+
+    killer = Killer(cluster, 2, checkpointed)
+    killer.start()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "jobs" / "train.py"), "--preset", "smoke", "--name", "fault",
+                             "--workers", "2", "--max-steps", "16", "--checkpoint-every", "4"],
+                            env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    killer.join(timeout=400)
+    if killer.killed_at is None:
+        proc.kill()
+        raise AssertionError(f"{killer.error}\n{proc.communicate()[0][-4000:]}")
+    _replace(cluster, 2)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+    runs = client().search_runs([experiment_for(TARGET)], "attributes.run_name = 'train fault'")
+    assert len(runs) == 1, f"one training run, continued (not a second one): {[r.info.run_id for r in runs]}"
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    resumed = int(run.data.tags["jetflow.resumed_from_step"])
+    assert 4 <= resumed < 16 and resumed % 4 == 0, f"resumed from a checkpoint's step, not {resumed}"
+    steps = {m.step for m in client().get_metric_history(run.info.run_id, "train/loss")}
+    assert steps == set(range(1, 17)), steps
+    assert (heads_dir() / "fault" / "model.safetensors").exists()
+
+
+def test_a_two_actor_regeneration_that_lost_a_node_finishes_with_the_same_manifest(cluster):
+    """The main job's data regenerated again on 2 actors on 2 nodes, worker2 killed while its actor answers a
+    shard: the survivor answers it, the manifest (its content hash) equals the undisturbed one."""
+    import ray._private.state as state
+
+    from jetflow.data.regenerate import MANIFEST, regenerate
+    from jetflow.storage import storage
+    from jetflow.train.pipeline import PRESETS
+
+    st = storage()
+    [rel] = [f"data/regen/{k.rsplit('/', 1)[0]}" for k in st.files("data/regen") if k.endswith(MANIFEST)]
+    undisturbed = st.read_json(f"{rel}/{MANIFEST}")
+    for name in st.files(rel):  # a fresh start: no shard, no manifest
+        st.delete(f"{rel}/{name}")
+    worker2 = cluster.worker(2).ip
+
+    def working_on_worker2():
+        actors = state.actors().values()
+        return any(a["ActorClassName"] == "_ShardWorker" and a["State"] == "ALIVE"
+                   and a["Address"]["IPAddress"] == worker2 for a in actors)
+
+    killer = Killer(cluster, 2, working_on_worker2)
+    killer.start()
+    cfg = dataclasses.replace(PRESETS["smoke"].regen, workers=2)
+    out = regenerate(cfg, progress=False)
+    killer.join(timeout=5)
+    assert killer.killed_at is not None, killer.error
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["content_sha256"] == undisturbed["content_sha256"]
+    assert st.read_json(f"{rel}/{MANIFEST}")["content_sha256"] == undisturbed["content_sha256"]
+    assert len([n for n in st.files(rel) if n.endswith(".parquet")]) == undisturbed["shards"] == 2
+    _replace(cluster, 2)
+
+
+def _replica_on_each_worker(cluster) -> bool:
+    """Serve reports two running replicas of the app, one alive on each worker node."""
+    import ray._private.state as state
+    from ray import serve
+
+    try:
+        status = serve.status().applications["jetflow"].deployments["JetFlow"]
+    except KeyError:
+        return False
+    alive = {a["Address"]["IPAddress"] for a in state.actors().values()
+             if a["ActorClassName"] == "ServeReplica:jetflow:JetFlow" and a["State"] == "ALIVE"}
+    return status.replica_states.get("RUNNING", 0) == 2 and alive == {w.ip for w in cluster.workers}
+
+
+@pytest.fixture(scope="module")
+def served(cluster, tmp_path_factory):
+    """`serve/app.py --address …` joined to the cluster, a replica on each worker node; (base URL, its process)."""
     port = 18000 + os.getpid() % 1000
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "serve.log", "w")
+    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
     proc = subprocess.Popen([sys.executable, str(ROOT / "serve" / "app.py"), "--address", cluster.address,
                              "--host", cluster.head_ip, "--port", str(port), "--min-replicas", "2",
                              "--max-replicas", "2", "--replica-cpus", "1", "--policy", "fixed"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(cluster, f"http://{cluster.head_ip}:{port}/v1/models", "serve/app.py", proc, time.monotonic() + 300)
-        assert _nodes_of("ServeReplica:jetflow:JetFlow") == {w.ip for w in cluster.workers}
-        api = OpenAI(base_url=f"http://{cluster.head_ip}:{port}/v1", api_key="none")
-        card = api.models.list().data[0]
-        assert card.jetflow["speculative"] and card.jetflow["head"].startswith("models:/")
-        prompts = ["Write a Python function that reverses a string.", "Name three colors."]
-        served = [api.chat.completions.create(model=TARGET, messages=[{"role": "user", "content": p}], max_tokens=16,
-                                              temperature=0).choices[0].message.content for p in prompts]
+        # the first replica answers before the second is up (a replacement node converts its target first)
+        _wait_for(lambda: _replica_on_each_worker(cluster), "a running replica on each worker node", 300)
+        yield f"http://{cluster.head_ip}:{port}/v1", proc
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -170,6 +358,21 @@ def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, served):
+    """`serve/app.py --address …` places its replicas on the worker nodes; each reads the champion through the
+    registry on its own node; the `openai` client gets `jetflow generate`'s text."""
+    from openai import OpenAI
+
+    assert _nodes_of("ServeReplica:jetflow:JetFlow") == {w.ip for w in cluster.workers}
+    api = OpenAI(base_url=served[0], api_key="none")
+    card = api.models.list().data[0]
+    assert card.jetflow["speculative"] and card.jetflow["head"].startswith("models:/")
+    prompts = ["Write a Python function that reverses a string.", "Name three colors."]
+    served_texts = [api.chat.completions.create(model=TARGET, messages=[{"role": "user", "content": p}],
+                                                max_tokens=16, temperature=0).choices[0].message.content
+                    for p in prompts]
     generated = []
     for p in prompts:  # the same champion, decoded on this machine by the CLI
         r = subprocess.run([sys.executable, "-m", "jetflow.cli", "generate", "--head", card.jetflow["head"],
@@ -177,7 +380,82 @@ def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, tmp
                            env={**os.environ, "JETFLOW_HOME": MODEL_HOME}, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         generated.append(json.loads(r.stdout.strip().splitlines()[-1])["text"])
-    assert served == generated
+    assert served_texts == generated
+
+
+def test_serving_survives_a_node_lost_mid_stream(cluster, served):
+    """8 concurrent streams over the two replicas; worker2 killed mid-stream. Its streams end in an error (no
+    hang); the other replica's streams finish with their undisturbed text; a new request is answered by the
+    survivor; with a replacement node, Serve is back to two running replicas."""
+    from openai import OpenAI
+
+    api = OpenAI(base_url=served[0], api_key="none", timeout=120, max_retries=0)
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+
+    def ask(p: str) -> str:
+        return api.chat.completions.create(model=TARGET, messages=[{"role": "user", "content": p}], max_tokens=48,
+                                           temperature=0).choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        undisturbed = list(pool.map(ask, prompts))
+    assert _nodes_of("ServeReplica:jetflow:JetFlow") == {w.ip for w in cluster.workers}
+    streams = [{"text": "", "id": None, "error": None, "first": threading.Event()} for _ in prompts]
+
+    def stream(i: int) -> None:
+        out = streams[i]
+        try:
+            for chunk in api.chat.completions.create(model=TARGET, messages=[{"role": "user", "content": prompts[i]}],
+                                                     max_tokens=48, temperature=0, stream=True):
+                out["id"] = chunk.id
+                if chunk.choices and chunk.choices[0].delta.content:
+                    out["text"] += chunk.choices[0].delta.content
+                    out["first"].set()
+        except Exception as exc:  # noqa: BLE001 - what the client saw is the result
+            out["error"] = exc
+        finally:
+            out["first"].set()
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for out in streams:
+        assert out["first"].wait(120), "a stream got no first token"
+    cluster.kill_worker(2)
+    t_kill = time.monotonic()
+    for t in threads:
+        t.join(timeout=180)
+    assert not any(t.is_alive() for t in threads), "a stream hung after its replica's node died"
+    lost_ip = cluster.worker(2).ip
+
+    def node_of(out) -> str | None:
+        """The node whose replica answered: its Serve replica log names the request id (the chunks' id)."""
+        rid = out["id"].removeprefix("chatcmpl-")
+        for w in cluster.workers:
+            for log in (w.temp_dir / "session_latest" / "logs" / "serve").glob("replica_*.log"):
+                if f"chat {rid}:" in log.read_text(errors="replace"):
+                    return w.ip
+        return None
+
+    nodes = [node_of(o) if o["id"] else None for o in streams]
+    assert all(nodes), f"every stream's replica found in the replica logs: {[o['id'] for o in streams]}"
+    lost_ids = {i for i, node in enumerate(nodes) if node == lost_ip}
+    on_lost = [streams[i] for i in sorted(lost_ids)]
+    survived = [(streams[i], undisturbed[i]) for i in range(len(streams)) if i not in lost_ids]
+    assert on_lost and survived, [o["id"] for o in streams]
+    assert all(o["error"] is None and o["text"] == text for o, text in survived), [(o["error"], o["text"], text)
+                                                                                   for o, text in survived]
+    assert any(o["error"] is not None for o in on_lost), "the killed replica's streams ended in an error"
+    print(f"[cluster] streams: {len(survived)} finished on the survivor, "
+          f"{sum(o['error'] is not None for o in on_lost)} of {len(on_lost)} on the lost node ended in "
+          f"{sorted({type(o['error']).__name__ for o in on_lost if o['error'] is not None})} "
+          f"within {time.monotonic() - t_kill:.0f} s")
+    _wait_for(lambda: not any(n["ip"] == lost_ip and n["alive"] for n in cluster.nodes()), "the node marked dead", 60)
+    assert ask(prompts[0]) == undisturbed[0], "a new request is answered by the surviving replica"
+    cluster.restart_worker(2)
+
+    _wait_for(lambda: _replica_on_each_worker(cluster), "Serve back at two running replicas, one on the "
+              "replacement node", 300)
+    assert ask(prompts[1]) == undisturbed[1]
 
 
 def _driver(argv: list[str], **env_changes) -> subprocess.CompletedProcess:
