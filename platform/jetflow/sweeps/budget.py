@@ -393,6 +393,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     shared = {"target": cfg.target, "head": trial_head, "head_uri": head.uri, "sweep": asdict(cfg),
               "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
     trainable = tune.with_resources(budget_trial, {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
+    settings = cfg.settings(_block_size(head.path))  # the grid: its trials, and the rows a complete sweep has
     if location.can_restore():
         print(f"[budget sweep] resuming {location.describe()} (finished trials are kept)")
         tuner = tune.Tuner.restore(location.path, trainable, resume_errored=True,
@@ -400,7 +401,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={"setting": tune.grid_search(cfg.settings(_block_size(head.path))), "shared": shared},
+            param_space={"setting": tune.grid_search(settings), "shared": shared},
             tune_config=tune.TuneConfig(metric=cfg.select, mode="max", max_concurrent_trials=cfg.max_concurrent,
                                         reuse_actors=True),
             run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
@@ -408,7 +409,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
                                       failure_config=tune.FailureConfig(max_failures=cfg.max_failures)),
         )
     grid = tuner.fit()
-    expected = [trial_key(s) for s in cfg.settings(_block_size(head.path))]
+    expected = [trial_key(s) for s in settings]
     rows = []
     for res in grid:
         if res.error is not None or not res.metrics or "tau" not in res.metrics:

@@ -155,33 +155,34 @@ def stored_resume(run_name: str, storage: Path | None, expected_hash: str) -> di
     for entry in entries:
         if entry.type != pafs.FileType.Directory or not entry.base_name.startswith("checkpoint_"):
             continue
-        for rel in (RESUME_MARKER, None):
-            marker = _read_marker(fs, entry.path, rel)
-            if marker and marker.get("train_hash") == expected_hash:
-                if best is None or marker.get("step", 0) > best.get("step", 0):
-                    best = marker
-                break
+        marker = _read_marker(fs, entry.path)
+        if marker and marker.get("train_hash") == expected_hash and (best is None or
+                                                                     marker.get("step", 0) > best.get("step", 0)):
+            best = marker
     return best
 
 
-def _read_marker(fs, folder: str, rel: str | None) -> dict | None:
-    """A checkpoint folder's marker: at its top (`rel`), or — with None — in its newest step checkpoint."""
+def _read_marker(fs, folder: str) -> dict | None:
+    """A checkpoint folder's marker (`_resume_marker`, read through `fs`): at its top — a step checkpoint — or in
+    its newest step checkpoint — a trained head folder. None when neither is readable."""
     import pyarrow.fs as pafs
 
+    def read(path: str) -> dict | None:
+        try:
+            with fs.open_input_stream(f"{path}/{RESUME_MARKER}") as f:
+                return json.loads(f.read())
+        except (OSError, ValueError):
+            return None
+
+    found = read(folder)
+    if found is not None:
+        return found
     try:
-        if rel is None:
-            steps = sorted(e.path for e in fs.get_file_info(pafs.FileSelector(f"{folder}/checkpoints",
-                                                                              allow_not_found=True))
-                           if e.base_name.startswith("step-"))
-            if not steps:
-                return None
-            target = f"{steps[-1]}/{RESUME_MARKER}"
-        else:
-            target = f"{folder}/{rel}"
-        with fs.open_input_stream(target) as f:
-            return json.loads(f.read())
-    except (OSError, ValueError):
+        steps = sorted(e.path for e in fs.get_file_info(pafs.FileSelector(f"{folder}/checkpoints", allow_not_found=True))
+                       if e.base_name.startswith("step-"))
+    except OSError:
         return None
+    return read(steps[-1]) if steps else None
 
 
 def train_on_ray(cfg, model: str, features, out: Path, num_workers: int = 1, use_gpu: bool = False,
