@@ -1,7 +1,10 @@
-"""The main job: sweep the tree settings (algorithm × budget × width) of a head with Ray Tune, log every
-trial to MLflow (one parent run, a child run per trial), print the table, store the best setting as the
-head's serving tree config in the registry. With no head given and no champion registered, the `demo`
-preset is trained and registered first, and promoted through the gate after its sweep.
+"""The main job: sweep the tree settings (algorithm × budget × width) of a head with Ray Tune in two stages —
+τ of every setting on held-out prompts (batched), then the finalists the step cost model predicts fastest,
+timed against AR with their run-to-run spread — log every trial to MLflow (one parent run, a child run per
+trial), print the tables, store the serving setting (the fastest finalist slower than AR on no prompt set,
+else plain decoding) with its evidence on the head's registry version. With no head given and no champion
+registered, the `demo` preset is trained and registered first, and goes through the promotion gate after
+its sweep.
 
     python sweeps/budget.py                                   # the champion; trains the demo preset if none
     ray job submit --working-dir . -- python sweeps/budget.py # the same, as a job on a running Ray cluster
@@ -33,29 +36,32 @@ def main(argv: list[str] | None = None) -> int:
     except JetFlowError as exc:
         print(f"budget sweep: error: {exc}", file=sys.stderr)
         return 2
-    from jetflow.sweeps.budget import summary_table
+    from jetflow.sweeps.budget import summary_table, winners_table
 
     sweep = out.sweep
     print(summary_table(sweep.rows, sweep.best))
     report_trial_errors("budget sweep", sweep.errors)
     if sweep.missing:
-        print(f"budget sweep: incomplete grid, {len(sweep.missing)} of {len(sweep.missing) + len(sweep.rows)} trials "
-              f"missing ({', '.join(sweep.missing)}): nothing stored or promoted. Rerun the same command: the sweep "
-              f"resumes from its state in storage and runs only the missing trials.", file=sys.stderr)
-        print(f"MLflow parent run {sweep.parent_run_id}")
+        total = len(sweep.rows) + len(sweep.missing)
+        print(f"budget sweep: incomplete, {len(sweep.missing)} trials missing ({', '.join(sweep.missing)}): nothing "
+              f"stored or promoted. Rerun the same command: the sweep resumes from its state in storage and runs "
+              f"only the missing trials.", file=sys.stderr)
+        print(f"MLflow parent run {sweep.parent_run_id} ({total} settings)")
         return 1
-    if sweep.best is None:
-        print(f"no lossless trial finished for {sweep.head.label}")
-        return 1
-    b = sweep.best
+    print()
+    print(winners_table(sweep.rows, sweep.decision))
     stored = ("stored as its serving tree config" if out.stored else
               "not stored (the head is not registered: jobs/register.py registers it)" if not sweep.head.registered
               else "not stored (--store-best false)")
-    print(f"best for {sweep.head.label}: {sweep.best_tree.label()} at temperature {b['temperature']:g} "
-          f"(τ {b['tau']:.2f}, speedup {b['speedup']:.2f}x vs AR) — {stored}")
+    if sweep.best is None:
+        print(f"{sweep.head.label}: served with plain decoding — {stored}")
+    else:
+        b = sweep.best
+        print(f"serving setting for {sweep.head.label}: {sweep.best_tree.label()} at temperature {b['temperature']:g} "
+              f"(τ {b['tau']:.2f}, timed speedup {b['speedup']:.2f}x vs AR) — {stored}")
     if sweep.budget_table:
         levels = ", ".join(f"{c} → {'plain' if b == 1 else b}" for c, b in sorted(sweep.budget_table.items()))
-        print(f"best budget per concurrency (requests in flight → budget): {levels}")
+        print(f"best budget per concurrency, predicted from τ (requests in flight → budget): {levels}")
     if out.promotion:
         print(out.promotion)
     trained = f"; training before it {_took(out.train_seconds)}" if out.trained else ""

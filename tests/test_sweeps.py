@@ -21,7 +21,8 @@ import yaml
 
 from jetflow.errors import InvalidSettingError
 from jetflow.main_job import MainJobConfig, run_main_job
-from jetflow.sweeps.budget import BudgetSweepConfig, budget_by_concurrency, pick_best, tau_by_budget, trial_metrics
+from jetflow.sweeps.budget import (BudgetSweepConfig, budget_by_concurrency, choose_finalists, decide, merge_timed, predict,
+                                   tau_by_budget, timed_metrics, trial_metrics)
 from jetflow.tree import TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,18 +59,68 @@ def test_sweep_config_is_validated_and_chains_ignore_width():
         MainJobConfig(preset="huge")
 
 
-def test_best_is_the_fastest_lossless_trial():
-    rows = [{"speedup": 1.4, "tau": 2.0, "lossless": 0.0}, {"speedup": 1.1, "tau": 1.5, "lossless": 1.0},
-            {"speedup": 0.9, "tau": 2.5, "lossless": 1.0}]
-    assert pick_best(rows, "speedup") is rows[1]
-    assert pick_best(rows, "tau") is rows[2]
-    assert pick_best([rows[0]], "speedup") is None
+def _wide(spec: TreeSpec, lossless: float = 1.0, **tau_at) -> dict:
+    """A wide-pass row as the sweep builds it from a trial's metrics."""
+    return {"tree": spec.to_dict(), "key": spec.key, "trial": f"{spec.key} t0", "algorithm": spec.algorithm,
+            "budget": spec.budget, "width": spec.width, "temperature": 0.0, "lossless": lossless,
+            "tau": sum(tau_at.values()) / len(tau_at), **{f"tau@{ds}": t for ds, t in tau_at.items()}}
 
 
-def test_the_best_budget_per_concurrency_falls_back_to_plain_where_no_budget_beats_it():
-    def row(spec, tau, s1, s8):
+def test_the_step_cost_model_turns_tau_into_predictions_and_picks_each_sets_winner_among_the_finalists():
+    from jetflow.engine.cost import StepCostCurve
+
+    # plain steps cost 10 ms; budget 4 costs 12.5, 8 costs 20 (batch 1); at batch 8 trees cost much more
+    curve = StepCostCurve("test", 100, (1, 8), (1, 4, 8), ((10.0, 12.5, 20.0), (40.0, 80.0, 160.0)))
+    rows = [_wide(TreeSpec("best_first", 4), mtbench=1.5, humaneval=2.0),
+            _wide(TreeSpec("best_first", 8), mtbench=1.6, humaneval=3.6),
+            _wide(TreeSpec("accum_logp", 8), mtbench=1.3, humaneval=1.6),
+            _wide(TreeSpec("chain", 4), lossless=0.0, mtbench=9.0, humaneval=9.0)]  # lossy: never a finalist
+    predict(rows, curve, [1, 8])
+    # speedup = τ · T(B, 1) / T(B, N)  (StepCostCurve.speedup)
+    assert rows[0]["predicted@mtbench"] == pytest.approx(1.5 * 10 / 12.5)
+    assert rows[1]["predicted@humaneval"] == pytest.approx(3.6 * 10 / 20)
+    assert rows[0]["predicted_c8"] == pytest.approx((1.5 + 2.0) / 2 * 40 / 80)
+    # mtbench's predicted winner is b4 (1.20 vs 0.80), humaneval's b8 (1.80 vs 1.60): both go on, past `count`
+    assert [r["key"] for r in choose_finalists(rows, 1)] == [rows[1]["key"], rows[0]["key"]]
+    assert rows[3] not in choose_finalists(rows, 4) and len(choose_finalists(rows, 3)) == 3
+    assert [r["key"] for r in choose_finalists(rows, 1, select="tau")][:1] == [rows[1]["key"]]  # highest τ
+
+
+def test_timed_runs_give_each_finalist_its_speedup_per_set_and_the_spread_of_its_passes():
+    rows = [_wide(TreeSpec("best_first", 4), mtbench=1.5, humaneval=2.0),
+            _wide(TreeSpec("best_first", 8), mtbench=1.6, humaneval=3.0)]
+    k4, k8 = rows[0]["trial"], rows[1]["trial"]
+    timed = {"mtbench": {f"speedup@{k4}": 1.10, f"run0@{k4}": 1.05, f"run1@{k4}": 1.15, f"lossless@{k4}": 1.0,
+                         f"speedup@{k8}": 0.95, f"run0@{k8}": 0.90, f"run1@{k8}": 1.00, f"lossless@{k8}": 1.0,
+                         "ar_tokens_per_s": 18.0},
+             "humaneval": {f"speedup@{k4}": 1.30, f"run0@{k4}": 1.28, f"run1@{k4}": 1.32, f"lossless@{k4}": 1.0,
+                           f"speedup@{k8}": 1.60, f"run0@{k8}": 1.50, f"run1@{k8}": 1.70, f"lossless@{k8}": 1.0,
+                           "ar_tokens_per_s": 19.0}}
+    merge_timed(rows, timed)
+    assert rows[0]["spread@mtbench"] == pytest.approx(0.10) and rows[0]["spread@humaneval"] == pytest.approx(0.04)
+    assert rows[0]["speedup"] == pytest.approx(1.20)
+    # the spread of the mean over sets, pass by pass: (1.05+1.28)/2 = 1.165 and (1.15+1.32)/2 = 1.235
+    assert rows[0]["spread"] == pytest.approx(0.07)
+    # b8 is faster on average (1.275) but slower than AR on mtbench: the serving setting is b4
+    best, d = decide(rows, "speedup", BudgetSweepConfig())
+    assert best is rows[0] and d["setting"] == k4 and d["losing"] == {k8: ["mtbench"]}
+    assert d["sets"]["mtbench"] == {"speedup": pytest.approx(1.10), "spread": pytest.approx(0.10), "tau": 1.5}
+    assert (d["timed_prompts"], d["timed_repeats"], d["tau_prompts"]) == (6, 2, 8)
+    assert d["runner_up"] == k8 and d["lead"] == pytest.approx(1.20 - 1.275) and d["decisive"] is False
+    # every finalist slower than AR somewhere: plain decoding, and the evidence says why
+    rows[0]["speedup@humaneval"] = 0.99
+    best, d = decide(rows, "speedup", BudgetSweepConfig())
+    assert best is None and d["setting"] == "plain" and d["tree"]["budget"] == 1
+    assert set(d["losing"]) == {k4, k8}
+    from jetflow.tracking.promotion import evidence_text
+
+    assert evidence_text(d).startswith("serving plain decoding: every timed setting is slower than AR on some set")
+
+
+def test_the_best_budget_per_concurrency_is_predicted_and_falls_back_to_plain_where_none_beats_it():
+    def row(spec, tau, p1, p8):
         return dict(tree=spec.to_dict(), budget=spec.budget, temperature=0.0, lossless=1.0, tau=tau,
-                    speedup_c1=s1, speedup_c8=s8)
+                    predicted_c1=p1, predicted_c8=p8)
 
     rows = [row(TreeSpec("accum_logp", 4), 1.5, 1.2, 0.9), row(TreeSpec("accum_logp", 8), 1.7, 1.3, 0.8),
             row(TreeSpec("chain", 8), 1.4, 2.0, 1.5)]  # another kind: not the best's
@@ -77,16 +128,17 @@ def test_the_best_budget_per_concurrency_falls_back_to_plain_where_no_budget_bea
     assert tau_by_budget(rows, rows[1]) == {4: 1.5, 8: 1.7}
 
 
-def test_trial_metrics_average_the_speculative_rows_over_sets():
-    row = dict(method="causal", dataset="mtbench", tau=2.0, speedup_vs_ar=1.5, e2e_speedup=1.2, tokens_per_s=10.0,
-               throughput={"4": 30.0}, speedup_at={"4": 0.9},
-               lossless=True)
-    report = {"rows": [row, {**row, "dataset": "humaneval", "tau": 3.0, "speedup_vs_ar": 0.5, "lossless": False},
+def test_trial_metrics_of_both_passes():
+    row = dict(method="causal", dataset="mtbench", tau=2.0, speedup_vs_ar=1.5, tokens_per_s=10.0, lossless=True,
+               tree=TreeSpec("best_first", 4).to_dict(), temperature=0.0)
+    report = {"rows": [row, {**row, "dataset": "humaneval", "tau": 3.0, "lossless": False},
                        {"method": "ar", "tokens_per_s": 8.0}]}
     m = trial_metrics(report)
-    assert (m["tau"], m["speedup"], m["tokens_per_s"], m["ar_tokens_per_s"], m["lossless"]) == (2.5, 1.0, 10.0, 8.0, 0.0)
-    assert (m["speedup_c4"], m["tokens_per_s_c4"]) == (0.9, 30.0)
-    assert (m["tau@mtbench"], m["tau@humaneval"], m["speedup_c4@humaneval"]) == (2.0, 3.0, 0.9)
+    assert (m["tau"], m["lossless"], m["tau@mtbench"], m["tau@humaneval"]) == (2.5, 0.0, 2.0, 3.0)
+    timed = timed_metrics({"rows": [{**row, "speedup_runs": [1.4, 1.6]}, {"method": "ar", "tokens_per_s": 8.0}]})
+    key = "best_first-b4w7 t0"
+    assert (timed[f"speedup@{key}"], timed[f"run0@{key}"], timed[f"run1@{key}"]) == (1.5, 1.4, 1.6)
+    assert (timed[f"lossless@{key}"], timed["ar_tokens_per_s"]) == (1.0, 8.0)
 
 
 # --------------------------------------------------------------------------- real Ray Tune + MLflow
@@ -113,38 +165,58 @@ def registered_head(smollm, store):
 
 
 @pytest.mark.slow
-def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setting(registered_head, store):
+def test_budget_sweep_runs_both_stages_as_tune_trials_logs_child_runs_and_stores_the_serving_setting(registered_head,
+                                                                                                     store):
     import ray
 
-    from jetflow.tracking.registry import TREE_CONFIG_TAG
+    from jetflow.tracking.registry import EVIDENCE_TAG, TREE_CONFIG_TAG
     from jetflow.tracking.store import client
 
     name, version, _ = registered_head
     cfg = MainJobConfig(head=f"models:/{name}/{version}", sweep=BudgetSweepConfig(
-        budgets=[2, 3], widths=[2], algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=1,
-        max_new_tokens=4, concurrency=[1, 2], storage=str(store / "tune"), name="budget-test"))
+        budgets=[2, 3], widths=[2], algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=2,
+        max_new_tokens=4, finalists=2, timed_prompts=1, timed_repeats=2, concurrency=[1, 2],
+        storage=str(store / "tune"), name="budget-test"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         job = run_main_job(cfg)
         out = job.sweep
-        assert out.errors == {}
+        assert out.errors == {} and out.complete
         assert len(out.rows) == 4 and job.stored and not job.trained  # 2 tree + 2 chain settings
-        children = client().search_runs([r.info.experiment_id for r in [client().get_run(out.parent_run_id)]],
-                                        f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")
-        assert len(children) == 4
+        parent = client().get_run(out.parent_run_id)
+        children = client().search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")
+        wide = [r for r in children if r.data.tags["jetflow.sweep.stage"] == "wide"]
+        timed = [r for r in children if r.data.tags["jetflow.sweep.stage"] == "timed"]
+        assert len(wide) == 4 and [r.data.tags["jetflow.trial"] for r in timed] == ["timed mtbench"]
         for run in children:
             assert run.data.tags["jetflow.kind"] == "eval"
             assert run.data.tags["jetflow.head.version"] == version  # lineage back to the registry
             taus = [k for k in run.data.metrics if k.startswith("tau/mtbench/")]
-            assert taus and all(run.data.metrics[k] >= 1.0 for k in taus)
-            assert run.data.params["budgets"] in ("2", "3") and run.data.metrics["lossless"] == 1.0
-        best = max(out.rows, key=lambda r: r["speedup"])
+            assert taus and all(run.data.metrics[k] >= 1.0 for k in taus) and run.data.metrics["lossless"] == 1.0
+        for run in wide:  # the wide pass: one setting each, batched on 2 prompts, untimed
+            assert run.data.params["budgets"] in ("2", "3") and run.data.params["timed_prompts"] == "0"
+            assert not any(k.startswith("speedup_vs_ar/") for k in run.data.metrics)
+        # the timed pass: the two finalists and AR, interleaved, two passes: a speedup and its spread each
+        assert len(out.finalists) == 2 and timed[0].data.params["timed_repeats"] == "2"
+        speedups = [k for k in timed[0].data.metrics if k.startswith("speedup_vs_ar/mtbench/causal/")]
+        spreads = [k for k in timed[0].data.metrics if k.startswith("speedup_spread/mtbench/causal/")]
+        assert len(speedups) == len(spreads) == 2
+        finalists = [r for r in out.rows if r["trial"] in out.finalists]
+        assert all(r["speedup@mtbench"] > 0 and r["spread@mtbench"] >= 0 for r in finalists)
+        # the serving setting: the fastest finalist not slower than AR (a random head: likely none, so plain)
+        serving = out.best_tree or TreeSpec(budget=1)
+        if out.best is not None:
+            assert out.best["speedup@mtbench"] >= 1.0
+        else:
+            assert all(r["speedup@mtbench"] < 1.0 for r in finalists) and out.plain
         tags = client().get_model_version(name, version).tags
-        stored = TreeSpec.from_json(tags[TREE_CONFIG_TAG])
-        assert stored == out.best_tree == TreeSpec(best["algorithm"], best["budget"], best["width"])
+        assert TreeSpec.from_json(tags[TREE_CONFIG_TAG]) == serving
+        evidence = json.loads(tags[EVIDENCE_TAG])
+        assert evidence == out.decision and evidence["tree"] == serving.to_dict()
+        assert (evidence["timed_prompts"], evidence["timed_repeats"], evidence["tau_prompts"]) == (1, 2, 2)
         table = {int(k): v for k, v in json.loads(tags["jetflow.budget_by_concurrency"]).items()}
         assert set(table) == {1, 2} and table == out.budget_table and all(b >= 1 for b in table.values())
-        assert all(f"speedup_c{c}" in r for r in out.rows for c in (1, 2))
+        assert all(f"predicted_c{c}" in r for r in out.rows for c in (1, 2))  # the step cost model's, from τ
         # the head's per-(depth, rank) acceptance, from the widest greedy accum_logp trial, goes with the
         # version: a download of it carries tree_profile.json and the loaded head shapes trees from it
         from jetflow.head import load_head
@@ -157,14 +229,16 @@ def test_budget_sweep_runs_tune_trials_logs_child_runs_and_stores_the_best_setti
         loaded = load_head(resolve_head_uri(f"models:/{name}/{version}"))
         assert loaded.tree_profile is not None and loaded.tree_profile.depth_rank == profile.depth_rank
         plots = {a.path for a in client().list_artifacts(out.parent_run_id, "plots")}
-        assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png", "plots/speedup_vs_concurrency.png"} <= plots
-        assert client().get_run(out.parent_run_id).data.tags["jetflow.best.budget"] == str(best["budget"])
+        assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png"} <= plots
+        assert {"sweep_table.md", "sweep_winners.md", "serving_decision.json"} <= \
+            {a.path for a in client().list_artifacts(out.parent_run_id)}
+        assert parent.data.tags["jetflow.serving.setting"] == evidence["setting"]
 
-        # rerun with the same name: Tune restores the finished experiment, no trial runs again
+        # rerun with the same name: Tune restores both finished experiments, no trial runs again
         again = run_main_job(cfg).sweep
-        assert again.parent_run_id == out.parent_run_id
-        assert len(client().search_runs([children[0].info.experiment_id],
-                                        f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")) == 4
+        assert again.parent_run_id == out.parent_run_id and again.decision == out.decision
+        assert len(client().search_runs([parent.info.experiment_id],
+                                        f"tags.`mlflow.parentRunId` = '{out.parent_run_id}'")) == 5
     finally:
         ray.shutdown()
 
@@ -203,10 +277,10 @@ def test_ray_job_submit_runs_the_budget_sweep_on_a_local_cluster_it_starts_and_s
             [str(bindir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
              "python", "sweeps/budget.py", "--head", str(folder), "--budgets", "2", "--algorithms", "chain",
              "--sets", "mtbench", "--prompts-per-set", "1", "--max-new-tokens", "4",
-             "--storage", str(store / "job-tune"), "--name", "job"],
+             "--finalists", "1", "--timed-prompts", "1", "--timed-repeats", "1", "--concurrency", "1", "--storage", str(store / "job-tune"), "--name", "job"],
             env=env, capture_output=True, text=True, timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
-        assert "best for" in job.stdout and "stored as its serving tree config" in job.stdout
+        assert "stored as its serving tree config" in job.stdout and "serving" in job.stdout
     finally:
         if head.poll() is None:
             os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the processes it started
@@ -312,19 +386,17 @@ def test_a_sweep_names_each_errored_trial_with_its_own_exception_and_where_tune_
     assert err.rstrip().endswith("ValueError: budget 2 is out of range for this head")
 
 
-def test_the_sweeps_picture_rows_carry_each_set_and_concurrency_with_the_cost_models_prediction():
-    from jetflow.engine.cost import StepCostCurve
+def test_the_sweeps_picture_rows_carry_each_set_with_the_timed_speedup_and_the_cost_models_prediction():
     from jetflow.sweeps.budget import set_rows
     from jetflow.tracking.plots import budget_sweep_figures
 
     tree = TreeSpec("accum_logp", 4).to_dict()
-    rows = [{"tree": tree, "temperature": 0.0, "tau@mtbench": 2.0, "speedup_c1@mtbench": 1.2, "speedup_c4@mtbench": 0.8,
-             "tau@humaneval": 3.0, "speedup_c1@humaneval": 1.5, "speedup_c4@humaneval": 1.1}]
-    curve = StepCostCurve("test", 100, (1, 4), (1, 4), ((10.0, 15.0), (20.0, 40.0)))
-    out = set_rows(rows, curve)
-    assert sorted((r["dataset"], r["concurrency"], r["speedup"]) for r in out) == [
-        ("humaneval", 1, 1.5), ("humaneval", 4, 1.1), ("mtbench", 1, 1.2), ("mtbench", 4, 0.8)]
-    assert next(r for r in out if (r["dataset"], r["concurrency"]) == ("mtbench", 4))["predicted_speedup"] == \
-        pytest.approx(2.0 * 20 / 40)
+    rows = [{"tree": tree, "temperature": 0.0, "tau@mtbench": 2.0, "predicted@mtbench": 1.6, "speedup@mtbench": 1.2,
+             "tau@humaneval": 3.0, "predicted@humaneval": 2.4, "speedup@humaneval": 1.5},
+            {"tree": TreeSpec("accum_logp", 8).to_dict(), "temperature": 0.0, "tau@mtbench": 2.2,
+             "predicted@mtbench": 1.1, "tau@humaneval": 3.5, "predicted@humaneval": 1.7}]  # not a finalist
+    out = set_rows(rows)
+    assert sorted((r["dataset"], r["budget"], r["speedup"], r["predicted_speedup"]) for r in out) == [
+        ("humaneval", 4, 1.5, 2.4), ("humaneval", 8, None, 1.7), ("mtbench", 4, 1.2, 1.6), ("mtbench", 8, None, 1.1)]
     figures = budget_sweep_figures(out)
-    assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png", "plots/speedup_vs_concurrency.png"} <= set(figures)
+    assert {"plots/tau_vs_budget.png", "plots/speedup_vs_budget.png"} <= set(figures)

@@ -205,8 +205,11 @@ def test_registered_head_promoted_to_champion_loads_back_identical_with_lineage(
     assert "1L h64" in mv.tags["jetflow.head.arch"]
 
     log_evaluation(report(target, uri=uri_of(target, version), speedup=0.8))
-    decision = promote(target, version)  # the first lossless head becomes champion, even a slow one
-    assert decision.promoted and "slower than AR on humaneval, mtbench" in decision.reason
+    decision = promote(target, version)  # a head slower than AR on a set is not promoted, even the first one
+    assert not decision.promoted and "slower than AR on humaneval (0.80x), mtbench (0.80x)" in decision.reason
+    log_evaluation(report(target, uri=uri_of(target, version), speedup=1.2))
+    decision = promote(target, version)  # the first lossless head not slower than AR becomes champion
+    assert decision.promoted and "no champion yet" in decision.reason
     folder = resolve_head_uri(f"models:/{registered_model_name(target)}@{CHAMPION}")
     assert folder.is_relative_to(store)
     original, loaded = load_file(str(head / "model.safetensors")), load_file(str(folder / "model.safetensors"))
@@ -413,6 +416,50 @@ def test_gate_scores_only_the_rows_of_the_evaluated_heads_kind(tmp_path, store):
     log_evaluation(rep)
     d = promote(target, v)
     assert d.promoted and d.challenger_score == pytest.approx(1.2)
+
+
+def _evidence(setting: str, **speedups) -> dict:
+    """A serving decision as the budget sweep stores it (`jetflow.sweeps.budget.decide`)."""
+    return {"setting": setting, "tree": TreeSpec("best_first", 4).to_dict(), "select": "speedup",
+            "timed_prompts": 6, "timed_repeats": 2, "tau_prompts": 8, "max_new_tokens": 48,
+            "sets": {ds: {"speedup": v, "spread": 0.04, "tau": 1.8} for ds, v in speedups.items()},
+            "speedup": sum(speedups.values()) / max(1, len(speedups)), "spread": 0.03, "tau": 1.8,
+            "runner_up": "accum_logp-b4w7 t0", "lead": 0.1, "lead_spread": 0.04, "decisive": True,
+            "finalists": [setting], "losing": {}}
+
+
+def test_gate_scores_the_sweeps_serving_evidence_and_says_what_stands_behind_each_number(tmp_path, store):
+    """With the budget sweep's decision on the version, the gate scores the setting the head would be served
+    with (not the best of any run), refuses one served plain, and prints the evidence."""
+    from jetflow.tracking import set_serving_evidence
+
+    target = "evidence"
+    name = registered_model_name(target)
+    plain, _ = registered(tmp_path, target, 50)
+    set_serving_evidence(name, plain, {**_evidence("plain"), "losing": {"best_first-b4w7 t0": ["mtbench"]},
+                                       "sets": {}})
+    log_evaluation(report(target, uri=uri_of(target, plain), speedup=3.0))  # an eval run does not override it
+    d = promote(target, plain)
+    assert not d.promoted and "would be served with plain decoding" in d.reason
+    assert "best_first-b4w7 t0 on mtbench" in d.reason
+    first, _ = registered(tmp_path, target, 51)
+    set_serving_evidence(name, first, _evidence("best_first-b4w7 t0", mtbench=1.10, humaneval=1.40))
+    d = promote(target, first)
+    assert d.promoted and d.challenger_score == pytest.approx(1.25)
+    text = d.summary()
+    assert "mtbench: speedup challenger 1.100 ± 0.04 (τ 1.80) champion -" in text
+    assert "its lead over accum_logp-b4w7 t0 (+0.10) exceeds the run-to-run spread (0.04)" in text
+    assert "on 6 prompts per set × 48 tokens, 2 passes" in text
+    # the next challenger is compared with the champion's evidence: a mean of 1.25 to beat by the margin
+    second, _ = registered(tmp_path, target, 52)
+    set_serving_evidence(name, second, _evidence("best_first-b8w7 t0", mtbench=1.05, humaneval=1.60))
+    d = promote(target, second, margin=0.02)
+    assert d.promoted and d.champion_score == pytest.approx(1.25) and d.champion_run_id is None
+    third, _ = registered(tmp_path, target, 53)
+    set_serving_evidence(name, third, _evidence("chain-b4w1 t0", mtbench=0.95, humaneval=2.50))
+    d = promote(target, third)
+    assert not d.promoted and "slower than AR on mtbench (0.95x)" in d.reason
+    assert aliases(target)[CHAMPION] == second
 
 
 def test_gate_rejects_bad_input(arena):

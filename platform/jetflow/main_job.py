@@ -3,10 +3,11 @@
 1. choose the head: the one given (folder, name, `models:/…`), else the registry's `champion`, else — on a
    fresh machine — train the preset (`jetflow.train.pipeline`), log and register it (alias `challenger`);
 2. sweep its tree settings (`jetflow.sweeps.budget`);
-3. once every trial of the grid has its row (a node lost mid-sweep costs reruns, not rows: `max_failures`;
-   an incomplete grid stores and promotes nothing, and rerunning the job runs only its missing trials),
-   store the best lossless setting on its registry version (the tree config Serve uses), with the best budget
-   per concurrency level and τ per budget (where Serve's load-aware policy starts);
+3. once every trial of both passes has its row (a node lost mid-sweep costs reruns, not rows: `max_failures`;
+   an incomplete sweep stores and promotes nothing, and rerunning the job runs only its missing trials),
+   store the serving setting on its registry version (the tree config Serve uses: the fastest lossless
+   finalist that is slower than AR on no prompt set, else plain decoding), with the best budget per
+   concurrency level and τ per budget (where Serve's load-aware policy starts) and the decision's evidence;
 4. a head trained here goes through the promotion gate, which decides whether it becomes `champion`.
 """
 
@@ -25,7 +26,7 @@ class MainJobConfig:
     preset: str = "demo"               # trained first when no head is given and the registry has no champion
     train_workers: int = 1             # Ray Train workers for that training (on a GPU cluster: a GPU each)
     regen_workers: int = 0             # Ray actors regenerating its data (0: the preset's own setting)
-    store_best: bool = True            # write the best setting onto the head's registry version
+    store_best: bool = True            # write the serving setting (and its evidence) onto the head's registry version
     sweep: BudgetSweepConfig = field(default_factory=BudgetSweepConfig)
 
     def __post_init__(self) -> None:
@@ -107,7 +108,8 @@ def store_tree_profile(sweep: SweepOutcome, registered: tuple[str, str]) -> str 
 
 def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
     from jetflow.cluster import init_ray
-    from jetflow.tracking import promote, set_serving_profile, set_tree_config
+    from jetflow.tracking import promote, set_serving_evidence, set_serving_profile, set_tree_config
+    from jetflow.tree import TreeSpec
 
     t0 = time.perf_counter()
     init_ray(ray_address)
@@ -115,11 +117,14 @@ def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobO
     train_seconds = time.perf_counter() - t0 if trained else 0.0
     sweep = run_budget_sweep(cfg.sweep, head)
     out = MainJobOutcome(sweep=sweep, trained=trained, train_seconds=train_seconds)
-    best = sweep.best_tree  # None unless the whole grid has its rows (`SweepOutcome.complete`)
-    if best is not None and sweep.complete and cfg.store_best and head.registered:
-        set_tree_config(head.registered[0], head.registered[1], best)
+    # a decision exists only when both passes have every row (`SweepOutcome.complete`); plain decoding when
+    # every finalist is slower than AR on some prompt set
+    if sweep.complete and sweep.decision and cfg.store_best and head.registered:
+        name, version = head.registered
+        set_tree_config(name, version, sweep.best_tree or TreeSpec(budget=1))
         if sweep.budget_table:  # what the serving engine's load-aware policy starts from
-            set_serving_profile(head.registered[0], head.registered[1], sweep.budget_table, sweep.tau_by_budget)
+            set_serving_profile(name, version, sweep.budget_table, sweep.tau_by_budget)
+        set_serving_evidence(name, version, sweep.decision)
         store_tree_profile(sweep, head.registered)
         out.stored = True
         if trained:  # the head trained for this job: the gate decides whether it becomes champion

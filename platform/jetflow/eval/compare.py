@@ -8,7 +8,10 @@ Two passes. The batched pass decodes every prompt of every set on the engine (`b
 for our methods: τ, per-depth and per-(depth, rank) acceptance and the lossless check cover all prompts.
 The timed pass decodes the first `timed_prompts` of each set one at a time with the single-stream decoder
 and the HF baselines, interleaved — for each prompt, every method in turn — so machine noise spreads over
-all methods instead of hitting one: it gives every speed column. With `concurrency` levels, each of our
+all methods instead of hitting one: it gives every speed column; with `timed_repeats` > 1 it runs that many
+passes, and each speedup row also carries the speedup of every pass and their spread (max - min), the
+run-to-run noise its lead over another setting must exceed. Greedy AR's batched outputs (the lossless
+reference) are decoded once per target and prompts in a process. With `concurrency` levels, each of our
 settings (and AR) also runs as a closed loop of that many requests on the engine: tokens/s of the replica.
 
 Definitions (metrics from `jetflow.metrics`): times per token are decode-only (prefill excluded)
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,6 +65,8 @@ class EvalConfig:
     prompts_per_set: int = field(default=5, metadata={"flags": ("--prompts",)})  # prompts per set, spread
                                              # evenly over its eval split; all decoded batched (τ, lossless)
     timed_prompts: int = 4                   # of those, per set, decoded one at a time for the speed columns
+    timed_repeats: int = 1                   # passes of the timed pass over its prompts; > 1 also gives each
+                                             # speedup per pass and their spread (max - min): run-to-run noise
     max_new_tokens: int = 64                 # tokens generated per prompt
     batch_size: int = 8                      # requests the engine decodes at once in the batched pass
     concurrency: list[int] = field(default_factory=list)  # also measure tokens/s with this many requests in
@@ -69,6 +75,8 @@ class EvalConfig:
     widths: list[int] = field(default_factory=lambda: [7])            # top-W per depth (trees; chain uses 1)
     algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])  # name or name:key=value
     temperatures: list[float] = field(default_factory=lambda: [0.0])  # > 0: sampled, seeded, lossless n/a
+    keys: list[str] = field(default_factory=list)  # of the grid, only these tree settings (keys such as
+                                             # best_first-b4w7); default: all of them
     baselines: bool = True                   # HF generate + HF prompt lookup rows
     prompt_lookup_num_tokens: int = 10       # HF prompt-lookup candidate tokens per step
     check_lossless: bool = field(default=True, metadata={"flags": ("--lossless-check",)})  # compare greedy
@@ -98,12 +106,16 @@ class EvalConfig:
         self.sets = list(dict.fromkeys(self.sets))
         _check_int("prompts_per_set", self.prompts_per_set, 1)
         _check_int("timed_prompts", self.timed_prompts, 0)
+        _check_int("timed_repeats", self.timed_repeats, 1, 20)
         _check_int("max_new_tokens", self.max_new_tokens, 1)
         _check_int("batch_size", self.batch_size, 1)
         for c in self.concurrency:
             _check_int("concurrency", c, 1, 256)
         self.concurrency = sorted(set(self.concurrency))
-        tree_grid(self.algorithms, self.budgets, self.widths)  # every tree setting is valid (TreeSpec checks)
+        grid = tree_grid(self.algorithms, self.budgets, self.widths)  # every tree setting is valid (TreeSpec checks)
+        unknown = sorted(set(self.keys) - {t.key for t in grid})
+        if unknown:
+            raise InvalidSettingError(f"keys {unknown} are not settings of the grid (algorithms × budgets × widths)")
         self.budgets, self.widths = sorted(set(self.budgets)), sorted(set(self.widths))
         self.algorithms = list(dict.fromkeys(self.algorithms))
         if not self.temperatures:
@@ -116,15 +128,17 @@ class EvalConfig:
 
     def trees(self, block_size: int | None = None) -> list[TreeSpec]:
         """The grid's tree settings for a head of `block_size` (chains capped at it)."""
-        return tree_grid(self.algorithms, self.budgets, self.widths, block_size)
+        trees = tree_grid(self.algorithms, self.budgets, self.widths, block_size)
+        return [t for t in trees if t.key in self.keys] if self.keys else trees
 
     def params(self) -> dict[str, str | int | float | bool]:
         """Flat MLflow params (lists as comma-separated strings)."""
         return {"sets": ",".join(self.sets), "prompts_per_set": self.prompts_per_set,
-                "timed_prompts": self.timed_prompts, "batch_size": self.batch_size,
+                "timed_prompts": self.timed_prompts, "timed_repeats": self.timed_repeats, "batch_size": self.batch_size,
                 "concurrency": ",".join(map(str, self.concurrency)),
                 "max_new_tokens": self.max_new_tokens, "budgets": ",".join(map(str, self.budgets)),
                 "widths": ",".join(map(str, self.widths)), "algorithms": ",".join(self.algorithms),
+                **({"keys": ",".join(self.keys)} if self.keys else {}),
                 "temperatures": ",".join(f"{t:g}" for t in self.temperatures), "baselines": self.baselines,
                 "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens, "check_lossless": self.check_lossless,
                 "seed": self.seed, "cost_model": self.cost_model, "context_tokens": self.context_tokens,
@@ -271,24 +285,27 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
     timed_prompts = {ds: ps[: cfg.timed_prompts] for ds, ps in prompts.items()}
     run = _Runner(target, heads, cfg)
     tallies: dict[tuple[str, Setting], _Tally] = {}
+    passes: list[dict[tuple[str, Setting], _Tally]] = []  # the same, per pass of the timed pass
     if cfg.timed_prompts:
         # Warm-up (unmeasured), once per decoder / HF mode: first calls pay one-off costs (allocator
         # growth, HF generation setup) that would otherwise land on whichever setting runs first.
         first = next(p for ps in prompts.values() for p in ps)
         for s in {(s.method, s.head): s for s in reversed(settings)}.values():
             run(s, first, cfg.seed, min(4, cfg.max_new_tokens))
-        total = sum(len(p) for p in timed_prompts.values()) * len(settings)
+        total = sum(len(p) for p in timed_prompts.values()) * len(settings) * cfg.timed_repeats
         with tqdm(total=total, desc="evaluate (timed)", disable=not progress) as bar:
-            for ds, ids_list in timed_prompts.items():
-                for i, ids in enumerate(ids_list):
-                    for s in settings:
-                        out = run(s, ids, cfg.seed + i, cfg.max_new_tokens, task=ds)
-                        tally = tallies.setdefault((ds, s), _Tally())
-                        if isinstance(out, Generation):
-                            tally.add_generation(out)
-                        else:
-                            tally.add_hf(out)
-                        bar.update(1)
+            for _ in range(cfg.timed_repeats):
+                passes.append({})
+                for ds, ids_list in timed_prompts.items():
+                    for i, ids in enumerate(ids_list):
+                        for s in settings:
+                            out = run(s, ids, cfg.seed + i, cfg.max_new_tokens, task=ds)
+                            for tally in (tallies.setdefault((ds, s), _Tally()), passes[-1].setdefault((ds, s), _Tally())):
+                                if isinstance(out, Generation):
+                                    tally.add_generation(out)
+                                else:
+                                    tally.add_hf(out)
+                            bar.update(1)
 
     report: dict = {
         "target": {"id": target.model_id, "revision": target.revision},
@@ -306,11 +323,17 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
     for ds in prompts:
         for s in settings:
             row, lossless_counts = _row(ds, s, tallies, batched, thru, cfg, curve, target, prompts[ds])
+            if len(passes) > 1 and s.method != "ar":  # the speedup of each pass, and their spread
+                runs = [_speedup_vs_ar(p.get((ds, s)), p.get((ds, Setting("ar", None, s.temperature))))
+                        for p in passes]
+                if all(_finite(r) for r in runs):
+                    row["speedup_runs"], row["speedup_spread"] = runs, max(runs) - min(runs)
             report["rows"].append(row)
             if lossless_counts and row["lossless"] is not None:
                 lossless_all.append(row["lossless"])
-            for name in ("tau", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "tokens_per_s", "predicted_speedup"):
-                if _finite(row[name]):
+            for name in ("tau", "speedup_vs_ar", "speedup_vs_hf", "e2e_speedup", "tokens_per_s", "predicted_speedup",
+                         "speedup_spread"):
+                if _finite(row.get(name)):
                     report["metrics"][s.key(name, ds)] = float(row[name])
             for c, value in (row.get("throughput") or {}).items():
                 report["metrics"][s.key(f"tokens_per_s_c{c}", ds)] = float(value)
@@ -351,6 +374,11 @@ def _configs(s: Setting, n: int, cfg: EvalConfig) -> list[DecodeConfig]:
                          max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i if sampled else None) for i in range(n)]
 
 
+# Greedy AR outputs of the batched pass, per target object (weakly held) and prompts: the lossless reference
+# every evaluation of the same prompts shares (a sweep's trials reuse their worker process), decoded once.
+_GREEDY_AR: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _batched_pass(target, heads, settings, prompts, cfg: EvalConfig, progress: bool):
     """{(set, setting): Generations of all its prompts} for our methods, and {(set, setting): {concurrency:
     Throughput}} when concurrency levels are asked for."""
@@ -364,13 +392,27 @@ def _batched_pass(target, heads, settings, prompts, cfg: EvalConfig, progress: b
         for ds, ids_list in prompts.items():
             for s in ours:
                 head = heads[s.head].head if s.head is not None else None
-                batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg), cfg.batch_size,
-                                              task=ds)
+                if s.method == "ar" and s.temperature == 0:  # deterministic: once per target and prompts
+                    key = (cfg.max_new_tokens, cfg.batch_size, ds, tuple(map(tuple, ids_list)))
+                    known = _GREEDY_AR.setdefault(target, {})
+                    if key not in known:
+                        known[key] = decode_all(target, None, ids_list, _configs(s, len(ids_list), cfg),
+                                                cfg.batch_size, task=ds)
+                    batched[(ds, s)] = known[key]
+                else:
+                    batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg),
+                                                  cfg.batch_size, task=ds)
                 if cfg.concurrency and s.temperature == 0:
                     thru[(ds, s)] = {c: throughput(target, head, ids_list, _configs(s, 1, cfg)[0], c)
                                      for c in cfg.concurrency}
                 bar.update(1)
     return batched, thru
+
+
+def _speedup_vs_ar(t: _Tally | None, ar: _Tally | None) -> float:
+    if t is None or ar is None or not t.decode_tokens:
+        return math.nan
+    return metrics.speedup(ar.decode_s_per_token, t.decode_s_per_token)
 
 
 def _merged(gens) -> DecodeStats | None:

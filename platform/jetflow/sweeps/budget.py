@@ -1,11 +1,22 @@
 """The budget sweep: Ray Tune over the tree settings (`TreeSpec`: algorithm × budget × width, × temperature)
-of one head, each trial a side-by-side evaluation — the head's setting and our AR loop on the same prompts —
-logged as an MLflow child run of the sweep's parent run. It only sweeps: choosing the head, storing the best
-setting and promoting it are the main job's (`jetflow.main_job`).
+of one head, in two stages of Tune trials under one MLflow parent run. It only sweeps: choosing the head,
+storing the serving setting and promoting it are the main job's (`jetflow.main_job`).
+
+1. The wide pass (`<name>`): a trial per setting, its τ and losslessness on `prompts_per_set` held-out prompts
+   of each set, decoded batched on the engine (τ is deterministic: no timing, no noise).
+2. The step cost model (`jetflow.engine.cost.StepCostCurve`, measured where the trials decode) turns each τ
+   into predicted speedups, per set and per concurrency level; the `finalists` best predicted (each set's own
+   predicted winner among them) go on.
+3. The timed pass (`<name>-timed`): a trial per prompt set, every finalist and our AR decoded one prompt at a
+   time, interleaved, `timed_repeats` passes over `timed_prompts` prompts: each speedup with its run-to-run
+   spread (max - min over the passes).
+4. The serving setting: the fastest lossless finalist that is not slower than AR on any set (plain decoding
+   when every finalist loses somewhere); the table says whether its lead over the runner-up exceeds the
+   spread. The best budget per concurrency level comes from the predictions of its kind.
 
 Across nodes: trials get the head as a reference their node resolves (its registry URI, or a storage URI),
 never a folder of the driver's; Tune's state and the parent run's marker live in cluster storage; the step
-cost curve of the picture is measured by a task on a worker node of the trials' kind."""
+cost curve is measured by a task on a worker node of the trials' kind."""
 
 from __future__ import annotations
 
@@ -27,15 +38,19 @@ class BudgetSweepConfig:
     target: str = "smollm2-135m"       # target: bundled name, local folder or hub id
     budgets: list[int] = field(default_factory=lambda: [2, 4, 8, 16, 32, 64])  # tree nodes per round, root counted
     widths: list[int] = field(default_factory=lambda: [7])                       # top-W per depth (chains: 1)
-    algorithms: list[str] = field(default_factory=lambda: ["accum_logp", "chain"])  # name or name:key=value
+    algorithms: list[str] = field(default_factory=lambda: ["best_first", "accum_logp", "chain"])  # name or
+                                       # name:key=value; best_first (ours) beside the paper's accum_logp and a chain
     temperatures: list[float] = field(default_factory=lambda: [0.0])            # 0 = greedy (lossless-checked)
     sets: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])   # held-out prompt sets
-    prompts_per_set: int = 2           # prompts per set, spread over its eval split
-    max_new_tokens: int = 48           # tokens generated per prompt
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # requests in flight: each setting's
-                                       # tokens/s with that many on the engine, beside plain decoding's
+    prompts_per_set: int = 8           # the wide pass: τ of every setting on this many prompts per set, batched
+    max_new_tokens: int = 48           # tokens generated per prompt (both passes)
+    finalists: int = 3                 # settings the step cost model predicts fastest from τ: timed against AR
+    timed_prompts: int = 6             # the timed pass: prompts per set, each finalist and AR in turn per prompt
+    timed_repeats: int = 2             # passes over them: each speedup's run-to-run spread (max - min)
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # requests in flight: the best budget per
+                                       # level, predicted by the step cost model from τ (where Serve's policy starts)
     select: str = "speedup"            # what "best" means: decode speedup vs our AR, or tau
-    name: str = "budget-sweep"         # Tune experiment name (resumes when it exists)
+    name: str = "budget-sweep"         # Tune experiment name (resumes when it exists; the timed pass: <name>-timed)
     storage: str = ""                  # absolute Tune storage path (default: cluster storage's ray_results,
                                        # $JETFLOW_STORAGE; $JETFLOW_HOME/ray_results on one machine)
     max_concurrent: int = 2            # trials at once
@@ -48,8 +63,10 @@ class BudgetSweepConfig:
     def __post_init__(self) -> None:
         if self.select not in SELECT:
             raise InvalidSettingError(f"select must be one of {SELECT}, got {self.select!r}")
-        ev = self.eval_config({})  # validates the tree grid, temperatures and prompt sets
+        ev = self.eval_config({})  # validates the tree grid, temperatures, prompt sets and pass sizes
         self.budgets, self.widths, self.temperatures = ev.budgets, ev.widths, ev.temperatures
+        if self.finalists < 1:
+            raise InvalidSettingError(f"finalists must be >= 1, got {self.finalists}")
         if self.max_concurrent < 1 or self.cpus_per_trial <= 0 or self.gpus_per_trial < 0:
             raise InvalidSettingError("max_concurrent >= 1, cpus_per_trial > 0 and gpus_per_trial >= 0 are required")
         if self.max_failures < -1:
@@ -58,7 +75,8 @@ class BudgetSweepConfig:
             raise InvalidSettingError(f"storage must be an absolute path (Ray Tune requires it), got {self.storage!r}")
 
     def eval_config(self, setting: dict[str, Any]):
-        """The evaluation of one trial's setting (or, with {}, of the whole grid, for validation)."""
+        """The wide pass's evaluation of one trial's setting (or, with {}, of the whole grid, for validation):
+        batched τ and losslessness only."""
         from jetflow.eval.compare import EvalConfig
 
         grid = {"algorithms": self.algorithms, "budgets": self.budgets, "widths": self.widths,
@@ -67,22 +85,51 @@ class BudgetSweepConfig:
             spec = TreeSpec.from_dict(setting["tree"])
             grid = {"algorithms": [spec.algorithm_option], "budgets": [spec.budget], "widths": [spec.width],
                     "temperatures": [setting["temperature"]]}
-        return EvalConfig(sets=list(self.sets), prompts_per_set=self.prompts_per_set,
-                          timed_prompts=self.prompts_per_set, max_new_tokens=self.max_new_tokens,
-                          concurrency=list(self.concurrency), baselines=False, cost_model=False, **grid)
+        ev = EvalConfig(sets=list(self.sets), prompts_per_set=self.prompts_per_set, timed_prompts=0,
+                        max_new_tokens=self.max_new_tokens, baselines=False, cost_model=False, **grid)
+        if not setting:
+            for c in self.concurrency:
+                if not isinstance(c, int) or not 1 <= c <= 256:
+                    raise InvalidSettingError(f"concurrency levels must be integers in 1..256, got {c!r}")
+            self.timed_config([], self.sets[0])  # the timed pass's sizes are valid too
+        return ev
+
+    def timed_config(self, finalists: list[dict[str, Any]], dataset: str):
+        """The timed pass's evaluation of one prompt set: the finalists and AR, interleaved per prompt."""
+        from jetflow.eval.compare import EvalConfig
+
+        return _grid_eval(EvalConfig, [TreeSpec.from_dict(f["tree"]) for f in finalists],
+                          sets=[dataset], prompts_per_set=self.timed_prompts, timed_prompts=self.timed_prompts,
+                          timed_repeats=self.timed_repeats, max_new_tokens=self.max_new_tokens, baselines=False,
+                          cost_model=False, temperatures=sorted({f["temperature"] for f in finalists} or {0.0}))
 
     @property
     def location(self):
-        """Where the sweep's Tune state lives (`jetflow.storage.TuneLocation`)."""
+        """Where the wide pass's Tune state (and the parent run's marker) lives (`jetflow.storage.TuneLocation`)."""
         from jetflow.storage import tune_location
 
         return tune_location(self.name, self.storage)
+
+    @property
+    def timed_location(self):
+        from jetflow.storage import tune_location
+
+        return tune_location(f"{self.name}-timed", self.storage)
 
     def settings(self, block_size: int | None = None) -> list[dict[str, Any]]:
         """One trial per (TreeSpec, temperature), as Tune's JSON-able config: {"tree": dict, "temperature"}.
         Duplicates are gone: a chain ignores width, and for a head of `block_size` has at most that many nodes."""
         trees = self.eval_config({}).trees(block_size)
         return [{"tree": spec.to_dict(), "temperature": t} for t in self.temperatures for spec in trees]
+
+
+def _grid_eval(config_cls, trees: list[TreeSpec], **kw):
+    """An EvalConfig of exactly `trees` (their algorithms × budgets × widths, narrowed by `keys`)."""
+    if not trees:
+        return config_cls(**kw)
+    return config_cls(algorithms=list(dict.fromkeys(t.algorithm_option for t in trees)),
+                      budgets=sorted({t.budget for t in trees}), widths=sorted({t.width for t in trees}),
+                      keys=[t.key for t in trees], **kw)
 
 
 @dataclass(frozen=True)
@@ -138,91 +185,120 @@ def _target_and_head(target_id: str, head: str, dtype_name: str | None = None):
     return _LOADED[key]
 
 
+def _mean(values) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
 def trial_metrics(report: dict) -> dict[str, float]:
-    """The trial's Tune metrics from its evaluation report: means over prompt sets of the head's rows (τ,
-    decode speedup vs our AR measured in the same trial, tokens/s), and losslessness."""
+    """A wide-pass trial's Tune metrics from its evaluation report: τ (mean over prompt sets and per set,
+    `tau@<set>`) and losslessness of the head's rows."""
     from jetflow.metrics import HEAD_METHODS
 
     rows = [r for r in report["rows"] if r["method"] in HEAD_METHODS]
-    ar = [r for r in report["rows"] if r["method"] == "ar"]
     if not rows:
         raise InvalidSettingError("the evaluation produced no rows of the head")
-
-    def mean(key: str, among) -> float:
-        vals = [r[key] for r in among if r.get(key) is not None and math.isfinite(r[key])]
-        return sum(vals) / len(vals) if vals else math.nan
-
     lossless = [r["lossless"] for r in rows if r.get("lossless") is not None]
-    out = {"tau": mean("tau", rows), "speedup": mean("speedup_vs_ar", rows),
-           "e2e_speedup": mean("e2e_speedup", rows), "tokens_per_s": mean("tokens_per_s", rows),
-           "ar_tokens_per_s": mean("tokens_per_s", ar),
-           "lossless": float(all(lossless)) if lossless else math.nan}
-    for c in sorted({c for r in rows for c in (r.get("speedup_at") or {})}, key=int):
-        flat = [{"speedup": r["speedup_at"][c], "tps": r["throughput"][c]} for r in rows if c in (r.get("speedup_at") or {})]
-        out[f"speedup_c{c}"] = mean("speedup", flat)
-        out[f"tokens_per_s_c{c}"] = mean("tps", flat)
-    for r in rows:  # per prompt set, for the sweep's picture (`set_rows`)
+    out = {"tau": _mean(r["tau"] for r in rows), "lossless": float(all(lossless)) if lossless else math.nan}
+    for r in rows:
         out[f"tau@{r['dataset']}"] = r["tau"]
-        for c, value in (r.get("speedup_at") or {}).items():
-            out[f"speedup_c{c}@{r['dataset']}"] = value
     return out
 
 
-def set_rows(rows: list[dict], curve=None) -> list[dict]:
-    """One row per trial, prompt set and concurrency level — what `jetflow.tracking.plots.budget_sweep_figures`
-    draws: τ, the speedup over plain decoding at that many requests in flight (the engine's), and the step
-    cost model's prediction for it (`jetflow.engine.cost.StepCostCurve`) when a curve is given."""
+def timed_metrics(report: dict) -> dict[str, float]:
+    """A timed-pass trial's Tune metrics (one prompt set, every finalist): per finalist `<key>` its decode
+    speedup vs the AR decoded beside it (`speedup@<key>`), the speedup of each pass (`run<i>@<key>`), τ,
+    tokens/s (and AR's, `ar_tokens_per_s`) and losslessness."""
+    from jetflow.metrics import HEAD_METHODS
+
+    out: dict[str, float] = {}
+    for r in report["rows"]:
+        if r["method"] == "ar":
+            out["ar_tokens_per_s"] = r["tokens_per_s"] if r.get("tokens_per_s") is not None else math.nan
+        if r["method"] not in HEAD_METHODS:
+            continue
+        key = _row_key(r)
+        out[f"speedup@{key}"] = r["speedup_vs_ar"] if r.get("speedup_vs_ar") is not None else math.nan
+        out[f"tau@{key}"] = r["tau"]
+        out[f"tokens_per_s@{key}"] = r["tokens_per_s"] if r.get("tokens_per_s") is not None else math.nan
+        out[f"lossless@{key}"] = float(r["lossless"]) if r.get("lossless") is not None else math.nan
+        for i, v in enumerate(r.get("speedup_runs") or []):
+            out[f"run{i}@{key}"] = v
+    if not any(k.startswith("speedup@") for k in out):
+        raise InvalidSettingError("the timed pass produced no rows of the head")
+    return out
+
+
+def _row_key(row: dict) -> str:
+    """A report row's finalist key: `trial_key` of its setting."""
+    return trial_key({"tree": row["tree"], "temperature": row["temperature"]})
+
+
+def set_rows(rows: list[dict]) -> list[dict]:
+    """One row per trial and prompt set, at concurrency 1 — what `jetflow.tracking.plots.budget_sweep_figures`
+    draws: τ, the measured speedup over AR (finalists; None for the others) and the step cost model's
+    prediction."""
     out = []
     for r in rows:
         spec = TreeSpec.from_dict(r["tree"])
-        for key, value in r.items():
-            if not key.startswith("speedup_c") or "@" not in key:
+        for key, tau in r.items():
+            if not key.startswith("tau@"):
                 continue
-            level, dataset = key.removeprefix("speedup_c").split("@", 1)
-            tau = r.get(f"tau@{dataset}", math.nan)
-            predicted = curve.speedup(int(level), spec.budget, tau) if curve is not None and math.isfinite(tau) else None
+            dataset = key.removeprefix("tau@")
             out.append({"tree": r["tree"], "algorithm": spec.algorithm, "budget": spec.budget, "width": spec.width,
-                        "temperature": r["temperature"], "dataset": dataset, "concurrency": int(level), "tau": tau,
-                        "speedup": value, "predicted_speedup": predicted})
+                        "temperature": r["temperature"], "dataset": dataset, "concurrency": 1, "tau": tau,
+                        "speedup": r.get(f"speedup@{dataset}"), "predicted_speedup": r.get(f"predicted@{dataset}")})
     return out
 
 
 def budget_trial(config: dict) -> None:
-    """A Tune function trainable: evaluate one tree setting against AR on the sweep's prompts, log the
-    report as a child MLflow run, report the trial's metrics."""
+    """A Tune function trainable, for both stages. The wide pass (`config["setting"]`): the setting's batched τ
+    and losslessness on the sweep's prompts. The timed pass (`config["dataset"]`, `config["finalists"]`): every
+    finalist and AR, one prompt at a time, interleaved, over `timed_repeats` passes. Each logs its report as a
+    child MLflow run of the sweep's parent and reports its metrics."""
     import os
 
+    import ray
     from ray import tune
 
     from jetflow.eval.compare import evaluate
     from jetflow.head import HeadRef
     from jetflow.tracking import log_evaluation
 
-    setting, shared = config["setting"], config["shared"]
+    shared = config["shared"]
     os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, as this node reaches it
     target, loaded = _target_and_head(shared["target"], shared["head"], shared["sweep"].get("dtype"))
     if shared.get("head_uri"):  # report the head as the registry version it is
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
     sweep = BudgetSweepConfig(**shared["sweep"])
-    report = evaluate(target, [loaded], sweep.eval_config(setting))
-    key = trial_key(setting)
+    if "setting" in config:
+        key, ev = trial_key(config["setting"]), sweep.eval_config(config["setting"])
+    else:
+        key, ev = timed_key(config["dataset"]), sweep.timed_config(config["finalists"], config["dataset"])
+    report = evaluate(target, [loaded], ev)
     parent = shared.get("parent_run_id")
-    import ray
-
     # born with its trial's name and node (a run its node's loss cut short still says which trial it was)
     run_id = log_evaluation(report, run_name=key, parent_run_id=parent,
-                            tags={TRIAL_TAG: key, "jetflow.node": ray.util.get_node_ip_address()})
+                            tags={TRIAL_TAG: key, "jetflow.sweep.stage": "wide" if "setting" in config else "timed",
+                                  "jetflow.node": ray.util.get_node_ip_address()})
     if parent:
         drop_earlier_children(parent, key, keep=run_id)
-    tune.report({**trial_metrics(report), "mlflow_run_id": run_id})
+    metrics = trial_metrics(report) if "setting" in config else timed_metrics(report)
+    tune.report({**metrics, "mlflow_run_id": run_id})
 
 
 TRIAL_TAG = "jetflow.trial"
 
 
 def trial_key(setting: dict) -> str:
-    """A trial's name in the sweep (its child run's name and `jetflow.trial` tag): tree key and temperature."""
+    """A wide-pass trial's name in the sweep (its child run's name and `jetflow.trial` tag): tree key and
+    temperature."""
     return f"{TreeSpec.from_dict(setting['tree']).key} t{setting['temperature']:g}"
+
+
+def timed_key(dataset: str) -> str:
+    """A timed-pass trial's name: its prompt set's."""
+    return f"timed {dataset}"
 
 
 def drop_earlier_children(parent_run_id: str, key: str, keep: str) -> list[str]:
@@ -245,19 +321,26 @@ def drop_earlier_children(parent_run_id: str, key: str, keep: str) -> list[str]:
 @dataclass
 class SweepOutcome:
     head: SweptHead
-    rows: list[dict]                          # one per trial: setting + metrics
-    best: dict | None
+    rows: list[dict]                          # one per setting: the wide pass, predictions, the timed pass
+    best: dict | None                         # the serving setting's row (None: incomplete grid, or plain)
     parent_run_id: str
     seconds: float = 0.0
     budget_table: dict[int, int] = field(default_factory=dict)      # concurrency → best budget (1 = plain)
     tau_by_budget: dict[int, float] = field(default_factory=dict)   # the best tree's kind: budget → τ
     errors: dict[str, str] = field(default_factory=dict)            # trial folder → the error it ended in
-    missing: list[str] = field(default_factory=list)                # trials of the grid with no row (`trial_key`)
+    missing: list[str] = field(default_factory=list)                # trials with no row (`trial_key`, `timed_key`)
+    finalists: list[str] = field(default_factory=list)              # trial keys of the timed settings
+    decision: dict = field(default_factory=dict)                    # the serving decision and its evidence
 
     @property
     def complete(self) -> bool:
-        """Every setting of the grid has its row: only then is there a best setting to store and promote."""
+        """Every trial of both passes has its row: only then is there a setting to store and promote."""
         return not self.missing
+
+    @property
+    def plain(self) -> bool:
+        """Every finalist is slower than AR on some set: the head is served with plain decoding."""
+        return self.complete and self.best is None and bool(self.decision)
 
     @property
     def best_tree(self) -> TreeSpec | None:
@@ -275,32 +358,42 @@ def _block_size(head_path: str) -> int | None:
         return None
 
 
-def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max_slots: int, max_budget: int) -> dict:
-    """The step cost curve of this node's device for the head (measured once per node and device kind, cached
-    in its `$JETFLOW_HOME`), as a dict: a Ray task of the trials' kind on a cluster."""
+def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max_slots: int, max_budget: int,
+                    threads: int = 1) -> dict:
+    """The step cost curve of this node's device for the head, with the trials' `threads` torch threads
+    (measured once per node and device kind, cached in its `$JETFLOW_HOME`), as a dict: a Ray task of the
+    trials' kind on a cluster."""
+    import torch
+
     from jetflow.engine.cost import cached_step_curve
     from jetflow.head import HeadRef
     from jetflow.target import TargetModel
     from jetflow.target.placement import placement
 
-    device, torch_dtype = placement("cuda" if gpu else "cpu", dtype)
-    target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
-    return cached_step_curve(target, HeadRef.parse(head).load(target).head, max_slots=max_slots,
-                             max_budget=max_budget).to_dict()
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        device, torch_dtype = placement("cuda" if gpu else "cpu", dtype)
+        target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
+        return cached_step_curve(target, HeadRef.parse(head).load(target).head, max_slots=max_slots,
+                                 max_budget=max_budget).to_dict()
+    finally:
+        torch.set_num_threads(before)
 
 
 def _step_curve(cfg: BudgetSweepConfig, head: str):
-    """The step cost curve where the trials decode (this machine, or a worker node like theirs): the
-    picture's predictions."""
+    """The step cost curve where the trials decode (this machine, or a worker node like theirs): what turns τ
+    into predicted speedups. None (said) when it cannot be measured: finalists are then the highest τ."""
     from jetflow.cluster import on_worker
     from jetflow.engine.cost import StepCostCurve
 
     try:
         curve = on_worker(step_curve_here, cfg.target, head, cfg.dtype, cfg.gpus_per_trial > 0, max(cfg.concurrency),
-                          max(cfg.budgets), num_cpus=cfg.cpus_per_trial, num_gpus=cfg.gpus_per_trial)
+                          max(cfg.budgets), max(1, int(cfg.cpus_per_trial)),
+                          num_cpus=cfg.cpus_per_trial, num_gpus=cfg.gpus_per_trial)
         return StepCostCurve.from_dict(curve)
-    except Exception as exc:  # noqa: BLE001 - a picture without predictions beats no sweep result
-        print(f"[budget sweep] no cost curve for the predictions ({exc.__class__.__name__}: {exc})")
+    except Exception as exc:  # noqa: BLE001 - finalists by τ beat no sweep result
+        print(f"[budget sweep] no step cost curve: finalists by τ alone ({exc.__class__.__name__}: {exc})")
         return None
 
 
@@ -328,11 +421,134 @@ def _parent_run(cfg: BudgetSweepConfig, head: SweptHead) -> str:
     return run.info.run_id
 
 
-def pick_best(rows: list[dict], select: str) -> dict | None:
-    """The lossless trial with the highest `select` metric (greedy rows must be lossless; sampled rows,
-    whose losslessness is not checkable token by token, count as lossless)."""
-    ok = [r for r in rows if r.get("lossless") != 0.0 and math.isfinite(r.get(select, math.nan))]
-    return max(ok, key=lambda r: r[select], default=None)
+def predict(rows: list[dict], curve, levels: list[int]) -> None:
+    """Add to each wide-pass row the step cost model's speedups from its τ: per set at one request in flight
+    (`predicted@<set>`), their mean (`predicted`), and the mean per concurrency level (`predicted_c<N>`)."""
+    for r in rows:
+        sets = [k.removeprefix("tau@") for k in r if k.startswith("tau@")]
+        for level in levels:
+            per_set = {ds: curve.speedup(level, r["budget"], r[f"tau@{ds}"]) for ds in sets
+                       if math.isfinite(r.get(f"tau@{ds}", math.nan))}
+            r[f"predicted_c{level}"] = _mean(per_set.values())
+            if level == 1:
+                r.update({f"predicted@{ds}": v for ds, v in per_set.items()})
+                r["predicted"] = r[f"predicted_c{level}"]
+
+
+def _usable(row: dict) -> bool:
+    return row.get("lossless") != 0.0
+
+
+def choose_finalists(rows: list[dict], count: int, select: str = "speedup") -> list[dict]:
+    """The settings the timed pass measures: each set's own predicted winner (highest `predicted@<set>`, or τ
+    without predictions / with select=tau), then the best by the mean of the same, up to `count` in all
+    (more when the sets' winners alone are more). Lossy rows never."""
+    ok = [r for r in rows if _usable(r)]
+    by = "predicted" if select == "speedup" and all(math.isfinite(r.get("predicted", math.nan)) for r in ok) else "tau"
+    sets = sorted({k.removeprefix("tau@") for r in ok for k in r if k.startswith("tau@")})
+
+    def score(r, ds=None):
+        v = r.get(f"{by}@{ds}" if ds else by, math.nan)
+        return (v if math.isfinite(v) else -math.inf, -r["budget"])  # ties: the smaller tree
+
+    chosen: list[dict] = []
+    for ds in sets:
+        top = max(ok, key=lambda r: score(r, ds), default=None)
+        if top is not None and top not in chosen:
+            chosen.append(top)
+    for r in sorted(ok, key=score, reverse=True):
+        if len(chosen) >= count:
+            break
+        if r not in chosen:
+            chosen.append(r)
+    return chosen
+
+
+def merge_timed(rows: list[dict], timed: dict[str, dict[str, float]]) -> None:
+    """Put the timed pass's measurements (per prompt set label: that trial's metrics) on the finalists' rows:
+    `speedup@<set>`, `spread@<set>` (max - min over passes), `speedup` (mean over sets), `spread` (max - min
+    over passes of that mean), tokens/s, AR's tokens/s; losslessness is the wide pass's and the timed pass's."""
+    for r in rows:
+        key = r["trial"]
+        per_set = {ds: m for ds, m in timed.items() if f"speedup@{key}" in m}
+        if not per_set:
+            continue
+        passes: list[list[float]] = []
+        for ds, m in per_set.items():
+            r[f"speedup@{ds}"] = m[f"speedup@{key}"]
+            runs = [m[k] for k in sorted((k for k in m if k.startswith("run") and k.endswith(f"@{key}")),
+                                         key=lambda k: int(k[3:k.index("@")]))]
+            r[f"spread@{ds}"] = max(runs) - min(runs) if len(runs) > 1 else math.nan
+            passes.append(runs)
+            if m.get(f"lossless@{key}") == 0.0:
+                r["lossless"] = 0.0
+        r["speedup"] = _mean(r[f"speedup@{ds}"] for ds in per_set)
+        n = min((len(p) for p in passes), default=0)
+        means = [_mean(p[i] for p in passes) for i in range(n)]
+        r["spread"] = max(means) - min(means) if n > 1 else math.nan
+        r["tokens_per_s"] = _mean(m.get(f"tokens_per_s@{key}") for m in per_set.values())
+        r["ar_tokens_per_s"] = _mean(m.get("ar_tokens_per_s") for m in per_set.values())
+
+
+def _loses(row: dict) -> list[str]:
+    """The prompt sets on which a timed row is slower than AR."""
+    return sorted(k.removeprefix("speedup@") for k, v in row.items()
+                  if k.startswith("speedup@") and math.isfinite(v) and v < 1.0)
+
+
+def decide(rows: list[dict], select: str, cfg: BudgetSweepConfig) -> tuple[dict | None, dict]:
+    """The serving setting among the timed finalists, and the decision's evidence. The rule: lossless, not
+    slower than AR on any prompt set, then the highest `select` (speedup: the timed mean over sets; tau: the
+    wide pass's). None when every finalist is slower than AR on some set: the head is served plain there and
+    everywhere (one setting serves all requests)."""
+    timed = [r for r in rows if math.isfinite(r.get("speedup", math.nan)) and _usable(r)]
+    ranked = sorted(timed, key=lambda r: r[select], reverse=True)
+    winners = [r for r in ranked if not _loses(r)]
+    best = winners[0] if winners else None
+    runner = next((r for r in ranked if r is not best), None) if best is not None else None
+    evidence = {
+        "setting": best["trial"] if best else "plain",
+        "tree": best["tree"] if best else TreeSpec(budget=1).to_dict(),
+        "select": select, "timed_prompts": cfg.timed_prompts, "timed_repeats": cfg.timed_repeats,
+        "tau_prompts": cfg.prompts_per_set, "max_new_tokens": cfg.max_new_tokens,
+        "sets": {}, "finalists": [r["trial"] for r in timed],
+        "losing": {r["trial"]: _loses(r) for r in timed if _loses(r)},
+    }
+    if best is not None:
+        sets = [k.removeprefix("speedup@") for k in best if k.startswith("speedup@")]
+        evidence["sets"] = {ds: {"speedup": best[f"speedup@{ds}"], "spread": best.get(f"spread@{ds}", math.nan),
+                                 "tau": best.get(f"tau@{ds}", math.nan)} for ds in sets}
+        evidence.update({"speedup": best["speedup"], "spread": best.get("spread", math.nan), "tau": best["tau"],
+                         "runner_up": runner["trial"] if runner else None})
+        if runner is not None:
+            lead = best[select] - runner[select]
+            spread = max(best.get("spread", math.nan), runner.get("spread", math.nan))
+            evidence.update({"lead": lead, "lead_spread": spread,
+                             "decisive": bool(math.isfinite(spread) and lead > spread)})
+    return best, _json_safe(evidence)
+
+
+def _json_safe(obj):
+    """NaN → None, so the decision is strict JSON (an MLflow artifact, a registry tag)."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
+
+
+def budget_by_concurrency(rows: list[dict], best: dict) -> dict[int, int]:
+    """Per concurrency level: the budget of the best setting's kind whose predicted speedup over plain
+    decoding at that level (`predicted_c<N>`, the step cost model's from τ) is highest — or 1 (plain
+    decoding) when none is predicted to beat plain there."""
+    kind = [r for r in rows if _same_kind(r, best) and _usable(r)]
+    table = {}
+    for level in _levels(kind):
+        scored = [(r[f"predicted_c{level}"], r["budget"]) for r in kind
+                  if math.isfinite(r.get(f"predicted_c{level}", math.nan))]
+        speedup, budget = max(scored, default=(0.0, 1))
+        table[level] = budget if speedup > 1.0 else 1
+    return table
 
 
 def _same_kind(row: dict, best: dict) -> bool:
@@ -342,22 +558,8 @@ def _same_kind(row: dict, best: dict) -> bool:
 
 
 def _levels(rows: list[dict]) -> list[int]:
-    """The concurrency levels the trials measured (their mean `speedup_c<N>` metrics)."""
-    return sorted({int(k.removeprefix("speedup_c")) for r in rows for k in r
-                   if k.startswith("speedup_c") and "@" not in k})
-
-
-def budget_by_concurrency(rows: list[dict], best: dict) -> dict[int, int]:
-    """Per concurrency level the sweep measured: the budget of the best setting's kind with the highest
-    tokens/s over plain decoding at that level — or 1 (plain decoding) when no budget beats plain there."""
-    kind = [r for r in rows if _same_kind(r, best) and r.get("lossless") != 0.0]
-    levels = _levels(kind)
-    table = {}
-    for level in levels:
-        scored = [(r[f"speedup_c{level}"], r["budget"]) for r in kind if math.isfinite(r.get(f"speedup_c{level}", math.nan))]
-        speedup, budget = max(scored, default=(0.0, 1))
-        table[level] = budget if speedup > 1.0 else 1
-    return table
+    """The concurrency levels with predictions (`predicted_c<N>`)."""
+    return sorted({int(k.removeprefix("predicted_c")) for r in rows for k in r if k.startswith("predicted_c")})
 
 
 def tau_by_budget(rows: list[dict], best: dict) -> dict[int, float]:
@@ -365,21 +567,74 @@ def tau_by_budget(rows: list[dict], best: dict) -> dict[int, float]:
     return {r["budget"]: r["tau"] for r in rows if _same_kind(r, best) and math.isfinite(r.get("tau", math.nan))}
 
 
+def _sets(rows: list[dict]) -> list[str]:
+    return sorted({k.removeprefix("tau@") for r in rows for k in r if k.startswith("tau@")})
+
+
 def summary_table(rows: list[dict], best: dict | None) -> str:
+    """Every setting: τ per set (the wide pass), the predicted speedup, and for the finalists the timed speedup
+    per set with its spread (max - min over passes)."""
     from jetflow.eval.table import markdown_table
 
-    levels = _levels(rows)
-    cols = ["algorithm", "budget", "width", "temperature", "tau", "speedup", "tokens_per_s", "ar_tokens_per_s",
-            "lossless"] + [(f"×plain @{c}", f"speedup_c{c}", "{:.2f}x") for c in levels]
+    sets = _sets(rows)
+    cols = (["algorithm", "budget", "width", "temperature", "tau"]
+            + [(f"τ {ds}", f"tau@{ds}", "{:.2f}") for ds in sets]
+            + [("predicted", "predicted", "{:.2f}x")]
+            + [(f"timed {ds}", f"speedup@{ds}", "{:.2f}x") for ds in sets]
+            + [(f"± {ds}", f"spread@{ds}", "{:.2f}") for ds in sets]
+            + [("timed mean", "speedup", "{:.2f}x"), "lossless"])
     ordered = sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))
-    return markdown_table(ordered, cols, [" **best**" if best is not None and r is best else "" for r in ordered])
+    return markdown_table(ordered, cols, [" **serving**" if best is not None and r is best else "" for r in ordered])
+
+
+def winners_table(rows: list[dict], decision: dict) -> str:
+    """Per prompt set: the highest τ, the fastest predicted, the fastest timed (± spread), and the serving
+    setting's speedup there; then the decision (lead over the runner-up vs the spread)."""
+    def top(ds, field):
+        cands = [r for r in rows if _usable(r) and math.isfinite(r.get(f"{field}@{ds}", math.nan))]
+        return max(cands, key=lambda r: r[f"{field}@{ds}"], default=None)
+
+    lines = ["| set | highest τ | fastest predicted | fastest timed | serving |", "|---|---|---|---|---|"]
+    for ds in _sets(rows):
+        t, p, m = top(ds, "tau"), top(ds, "predicted"), top(ds, "speedup")
+        ev = decision.get("sets", {}).get(ds)
+        lines.append("| " + " | ".join([
+            ds, f"{t['key']} τ {t[f'tau@{ds}']:.2f}" if t else "-",
+            f"{p['key']} {p[f'predicted@{ds}']:.2f}x" if p else "-",
+            f"{m['key']} {m[f'speedup@{ds}']:.2f}x ± {_f(m.get(f'spread@{ds}'))}" if m else "-",
+            f"{ev['speedup']:.2f}x ± {_f(ev['spread'])}" if ev else "plain"]) + " |")
+    from jetflow.tracking.promotion import evidence_text
+
+    return "\n".join(lines) + "\n\n" + (evidence_text(decision) if decision else "no decision (incomplete sweep)") + "\n"
+
+
+def _f(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}"
+
+
+def _tuner(trainable, location, param_space: dict, cfg: BudgetSweepConfig):
+    """A Tune experiment at `location`: restored when it exists there (finished trials kept), else new."""
+    from ray import tune
+
+    if location.can_restore():
+        print(f"[budget sweep] resuming {location.describe()} (finished trials are kept)")
+        return tune.Tuner.restore(location.path, trainable, resume_errored=True,
+                                  storage_filesystem=location.filesystem)
+    return tune.Tuner(
+        trainable, param_space=param_space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.max_concurrent, reuse_actors=True),
+        run_config=tune.RunConfig(name=location.name, storage_path=location.storage_path,
+                                  storage_filesystem=location.filesystem, verbose=1,
+                                  failure_config=tune.FailureConfig(max_failures=cfg.max_failures)))
 
 
 def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str | None = None) -> SweepOutcome:
-    """Run (or resume) the sweep of `head`: one Tune trial per setting, an MLflow child run each."""
+    """Run (or resume) the sweep of `head`: the wide pass (a trial per setting), the step cost model's
+    finalists, the timed pass (a trial per prompt set); an MLflow child run per trial."""
     from ray import tune
 
     from jetflow.cluster import handed_tracking_uri, init_ray
+    from jetflow.eval.compare import dataset_label
     from jetflow.sweeps.cluster import trial_errors
     from jetflow.tracking.plots import budget_sweep_figures
     from jetflow.tracking.runs import log_figures
@@ -387,54 +642,64 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
 
     t0 = time.perf_counter()
     init_ray(ray_address)
-    location = cfg.location
     trial_head = head.for_trials()  # before anything is logged: a folder other nodes cannot see fails here
     parent = _parent_run(cfg, head)
     shared = {"target": cfg.target, "head": trial_head, "head_uri": head.uri, "sweep": asdict(cfg),
               "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
     trainable = tune.with_resources(budget_trial, {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
     settings = cfg.settings(_block_size(head.path))  # the grid: its trials, and the rows a complete sweep has
-    if location.can_restore():
-        print(f"[budget sweep] resuming {location.describe()} (finished trials are kept)")
-        tuner = tune.Tuner.restore(location.path, trainable, resume_errored=True,
-                                   storage_filesystem=location.filesystem)
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"setting": tune.grid_search(settings), "shared": shared},
-            tune_config=tune.TuneConfig(metric=cfg.select, mode="max", max_concurrent_trials=cfg.max_concurrent,
-                                        reuse_actors=True),
-            run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
-                                      storage_filesystem=location.filesystem, verbose=1,
-                                      failure_config=tune.FailureConfig(max_failures=cfg.max_failures)),
-        )
-    grid = tuner.fit()
-    expected = [trial_key(s) for s in settings]
+    grid = _tuner(trainable, cfg.location, {"setting": tune.grid_search(settings), "shared": shared}, cfg).fit()
+    errors = trial_errors(grid)
     rows = []
     for res in grid:
         if res.error is not None or not res.metrics or "tau" not in res.metrics:
             continue
         setting = res.config["setting"]
         spec = TreeSpec.from_dict(setting["tree"])
-        rows.append({"tree": spec.to_dict(), "key": spec.key, "algorithm": spec.algorithm, "budget": spec.budget,
-                     "width": spec.width, "temperature": setting["temperature"],
-                     **{k: res.metrics[k] for k in ("tau", "speedup", "e2e_speedup", "tokens_per_s",
-                                                    "ar_tokens_per_s", "lossless", "mlflow_run_id")},
-                     **{k: v for k, v in res.metrics.items() if k.startswith(("speedup_c", "tokens_per_s_c", "tau@"))}})
-    errors = trial_errors(grid)
-    done = {trial_key(r) for r in rows}
-    missing = [k for k in expected if k not in done]
-    # an incomplete grid has no best setting: nothing is stored or promoted from part of it
-    best = pick_best(rows, cfg.select) if not missing else None
-    table = budget_by_concurrency(rows, best) if best is not None else {}
+        rows.append({"tree": spec.to_dict(), "key": spec.key, "trial": trial_key(setting), "algorithm": spec.algorithm,
+                     "budget": spec.budget, "width": spec.width, "temperature": setting["temperature"],
+                     **{k: res.metrics[k] for k in ("tau", "lossless", "mlflow_run_id")},
+                     **{k: v for k, v in res.metrics.items() if k.startswith("tau@")}})
+    rows.sort(key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))  # Tune's order varies
+    done = {r["trial"] for r in rows}
+    missing = [trial_key(s) for s in settings if trial_key(s) not in done]
+    finalists: list[dict] = []
+    best, decision = None, {}
+    if not missing:  # finalists only from the whole grid
+        curve = _step_curve(cfg, trial_head)
+        if curve is not None:
+            predict(rows, curve, sorted(set(cfg.concurrency) | {1}))
+        finalists = choose_finalists(rows, cfg.finalists, cfg.select)
+        picked = [{"tree": r["tree"], "temperature": r["temperature"]} for r in finalists]
+        timed: dict[str, dict] = {}
+        if finalists:  # (none when no setting is lossless: nothing to time, the head is served plain)
+            print(f"[budget sweep] finalists for the timed pass: {', '.join(r['trial'] for r in finalists)}")
+            timed_grid = _tuner(trainable, cfg.timed_location, {"dataset": tune.grid_search(list(cfg.sets)),
+                                                                "finalists": picked, "shared": shared}, cfg).fit()
+            errors.update(trial_errors(timed_grid))
+            timed = {dataset_label(res.config["dataset"]): res.metrics for res in timed_grid
+                     if res.error is None and res.metrics and "ar_tokens_per_s" in res.metrics}
+            missing = [timed_key(ds) for ds in cfg.sets if dataset_label(ds) not in timed]
+            merge_timed(rows, timed)
+        if not missing:
+            best, decision = decide(rows, cfg.select, cfg)
+    table = budget_by_concurrency(rows, best) if best is not None else (
+        {c: 1 for c in cfg.concurrency} if decision else {})
     c = client()
-    c.set_tag(parent, "jetflow.sweep.trials", f"{len(expected) - len(missing)}/{len(expected)}")
+    expected = len(settings) + (len(cfg.sets) if finalists or missing else 0)
+    c.set_tag(parent, "jetflow.sweep.trials", f"{expected - len(missing)}/{expected}")
     c.set_tag(parent, "jetflow.sweep.missing", ", ".join(missing) if missing else "none")
+    c.set_tag(parent, "jetflow.sweep.finalists", ", ".join(r["trial"] for r in finalists) or "none")
     c.log_text(parent, summary_table(rows, best), "sweep_table.md")
-    log_figures(parent, budget_sweep_figures(set_rows(rows, _step_curve(cfg, trial_head))))
+    if decision:
+        c.log_text(parent, winners_table(rows, decision), "sweep_winners.md")
+        c.log_dict(parent, decision, "serving_decision.json")
+        c.set_tag(parent, "jetflow.serving.setting", decision["setting"])
+    log_figures(parent, budget_sweep_figures(set_rows(rows)))
     if best is not None:
-        for k in ("tau", "speedup", "tokens_per_s"):
-            c.log_metric(parent, f"best_{k}", float(best[k]))
+        for k in ("tau", "speedup", "tokens_per_s", "spread"):
+            if math.isfinite(best.get(k, math.nan)):
+                c.log_metric(parent, f"best_{k}", float(best[k]))
         for k in ("algorithm", "budget", "width", "temperature", "key"):
             c.set_tag(parent, f"jetflow.best.{k}", str(best[k]))
         for level, budget in table.items():
@@ -442,4 +707,4 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     c.set_terminated(parent, "FAILED" if errors or missing else "FINISHED")
     return SweepOutcome(head=head, rows=rows, best=best, parent_run_id=parent, seconds=time.perf_counter() - t0,
                         budget_table=table, tau_by_budget=tau_by_budget(rows, best) if best is not None else {},
-                        errors=errors, missing=missing)
+                        errors=errors, missing=missing, finalists=[r["trial"] for r in finalists], decision=decision)

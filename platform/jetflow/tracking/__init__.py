@@ -16,6 +16,7 @@ from jetflow.tracking.registry import (
     resolve_alias,
     resolve_head_uri,
     set_alias,
+    set_serving_evidence,
     set_serving_profile,
     set_tree_profile,
     set_tree_config,
@@ -27,6 +28,6 @@ from jetflow.tracking.store import experiment_for, tracking_uri
 __all__ = [
     "CHALLENGER", "CHAMPION", "GATE_METRICS", "PREVIOUS_CHAMPION", "EvalReport", "PromotionDecision",
     "RegisteredHead", "experiment_for", "find_version", "log_evaluation", "log_training_run", "promote", "register_head", "register_head_folder", "registered_model_name",
-    "resolve_alias", "resolve_head_uri", "set_alias", "set_serving_profile", "set_tree_config", "set_tree_profile", "tracking_uri",
+    "resolve_alias", "resolve_head_uri", "set_alias", "set_serving_evidence", "set_serving_profile", "set_tree_config", "set_tree_profile", "tracking_uri",
     "validate_report",
 ]

@@ -1,9 +1,13 @@
-"""The promotion gate: `champion` moves to a challenger version only if the challenger's latest evaluation
-is lossless and beats the champion's on the same eval sets by a relative margin; otherwise it says why.
+"""The promotion gate: `champion` moves to a challenger version only if the challenger is lossless, is not
+slower than AR on any eval set with the setting it would be served with, and beats the champion on the same
+eval sets by a relative margin; otherwise it says why.
 
-Score of a head on one eval set = the best value of the chosen metric over the head's own rows (every tree
-setting of every algorithm, at temperature 0) in that evaluation run — what the budget sweep would serve.
-The gate compares the mean of those per-set scores over the eval sets both runs measured."""
+Score of a head on one eval set: with the budget sweep's serving evidence on the version (tag
+`jetflow.serving.evidence`, written by the main job), the timed speedup (or τ) of its serving setting on that
+set, with the prompts, tokens, passes and run-to-run spread behind it — a head whose every timed setting loses to
+AR somewhere is served plain and not promoted. Without it, the best value of the chosen metric over the head's
+own rows (every tree setting, at temperature 0) in its latest evaluation run. The gate compares the mean of the
+per-set scores over the eval sets both heads measured."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from jetflow.tracking.registry import (
     eval_runs,
     get_version,
     registered_model_name,
+    serving_evidence,
 )
 from jetflow.tracking.store import client
 
@@ -64,16 +69,56 @@ class PromotionDecision:
     per_set: dict[str, dict[str, float | None]] = field(default_factory=dict)
     challenger_run_id: str | None = None
     champion_run_id: str | None = None
+    evidence: dict | None = None              # the challenger's serving evidence, when the sweep stored it
 
     def summary(self) -> str:
         verdict = "PROMOTED" if self.promoted else "REFUSED"
         before = f"v{self.champion_version}" if self.champion_version else "none"
         lines = [f"{verdict}: {self.name} v{self.challenger_version} (champion before: {before})",
                  f"reason: {self.reason}"]
+        sets = (self.evidence or {}).get("sets", {})
         for name, s in sorted(self.per_set.items()):
             champ = "-" if s.get("champion") is None else f"{s['champion']:.3f}"
-            lines.append(f"  {name}: {self.metric} challenger {s['challenger']:.3f} champion {champ}")
+            ev = sets.get(name)
+            behind = f" ± {_num(ev.get('spread'))} (τ {_num(ev.get('tau'))})" if ev and self.metric == "speedup" else ""
+            lines.append(f"  {name}: {self.metric} challenger {s['challenger']:.3f}{behind} champion {champ}")
+        if self.evidence:
+            lines.append(f"evidence: {evidence_text(self.evidence)}")
         return "\n".join(lines)
+
+
+def _num(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.2f}"
+
+
+def evidence_text(d: dict) -> str:
+    """A serving decision of the budget sweep (`jetflow.sweeps.budget.decide`) in words: the setting, its
+    number with the run-to-run spread, whether its lead over the runner-up exceeds that spread, which finalists
+    were passed over for losing to AR where, and how many prompts, tokens and passes stand behind it."""
+    behind = (f"τ on {d['tau_prompts']} prompts per set; speedups timed interleaved with AR on {d['timed_prompts']} "
+              f"prompts per set × {d['max_new_tokens']} tokens, {d['timed_repeats']} passes")
+    losing = "; ".join(f"{k} on {', '.join(v)}" for k, v in (d.get("losing") or {}).items())
+    if d["setting"] == "plain":
+        why = (f"every timed setting is slower than AR on some set ({losing})" if losing
+               else "no lossless setting to time")
+        return f"serving plain decoding: {why}; {behind}"
+    text = f"serving {d['setting']}: {d['select']} {_num(d.get(d['select']))}"
+    if d["select"] == "speedup":
+        text += f"x ± {_num(d.get('spread'))}"
+    if d.get("runner_up"):
+        verdict = "exceeds" if d.get("decisive") else "does not exceed"
+        text += (f"; its lead over {d['runner_up']} ({d['lead']:+.2f}) {verdict} the run-to-run spread "
+                 f"({_num(d.get('lead_spread'))})")
+    if losing:
+        text += f"; passed over for losing to AR: {losing}"
+    return f"{text}; {behind}"
+
+
+def evidence_scores(d: dict, metric: str) -> dict[str, float]:
+    """Per eval set, the serving setting's score in a stored serving decision (plain decoding: 1.0, AR itself)."""
+    if d["setting"] == "plain":
+        return {ds: 1.0 for ds in d.get("sets") or {}} or {}
+    return {ds: float(v[metric]) for ds, v in d.get("sets", {}).items() if v.get(metric) is not None}
 
 
 def set_scores(run: Run, metric: str) -> dict[str, float]:
@@ -123,21 +168,28 @@ def promote(target_id: str, challenger_version: str, metric: str = "speedup", ma
     if champion == version:
         d.reason = f"v{version} is already the champion"
         return d
-    runs = eval_runs(target_id, name, version, max_results=1)
-    if not runs:
-        d.reason = f"v{version} has no finished evaluation run; {_EVAL_HINT}"
-        return _record(d)
-    run = runs[0]
-    d.challenger_run_id = run.info.run_id
-    lossless = run.data.metrics.get(LOSSLESS)
-    if lossless is None:
-        d.reason = f"its latest evaluation (run {run.info.run_id}) did not check losslessness; {_EVAL_HINT}"
-        return _record(d)
-    if lossless < 1.0:
-        d.reason = (f"v{version} is not lossless: its latest evaluation (run {run.info.run_id}) found outputs "
-                    "that differ from greedy AR decoding")
-        return _record(d)
-    mine = set_scores(run, metric)
+    d.evidence = serving_evidence(name, version)
+    if d.evidence is not None:  # the budget sweep's decision: its serving setting, timed against AR
+        if d.evidence["setting"] == "plain":
+            d.reason = f"v{version} would be served with plain decoding ({evidence_text(d.evidence)})"
+            return _record(d)
+        mine = evidence_scores(d.evidence, metric)
+    else:
+        runs = eval_runs(target_id, name, version, max_results=1)
+        if not runs:
+            d.reason = f"v{version} has no finished evaluation run; {_EVAL_HINT}"
+            return _record(d)
+        run = runs[0]
+        d.challenger_run_id = run.info.run_id
+        lossless = run.data.metrics.get(LOSSLESS)
+        if lossless is None:
+            d.reason = f"its latest evaluation (run {run.info.run_id}) did not check losslessness; {_EVAL_HINT}"
+            return _record(d)
+        if lossless < 1.0:
+            d.reason = (f"v{version} is not lossless: its latest evaluation (run {run.info.run_id}) found outputs "
+                        "that differ from greedy AR decoding")
+            return _record(d)
+        mine = set_scores(run, metric)
     if eval_sets:
         missing = sorted(set(eval_sets) - set(mine))
         if missing:
@@ -145,29 +197,29 @@ def promote(target_id: str, challenger_version: str, metric: str = "speedup", ma
             return _record(d)
         mine = {s: mine[s] for s in eval_sets}
     if not mine:
-        d.reason = (f"the challenger's latest evaluation (run {run.info.run_id}) has no {metric} of the head "
-                    "at temperature 0")
+        d.reason = f"the challenger's evaluation has no {metric} of the head at temperature 0"
+        return _record(d)
+    d.per_set = {s: {"challenger": v, "champion": None} for s, v in mine.items()}
+    slower = sorted(s for s, v in mine.items() if metric == "speedup" and v < 1.0)
+    if slower:  # served there it would cost every such request time: not promoted
+        d.reason = (f"v{version} is slower than AR on {', '.join(f'{s} ({mine[s]:.2f}x)' for s in slower)}: a head "
+                    "is promoted only when the setting it is served with loses to AR on no eval set")
         return _record(d)
 
     if champion is None:
         d.eval_sets, d.challenger_score = sorted(mine), _mean(mine.values())
-        d.per_set = {s: {"challenger": v, "champion": None} for s, v in mine.items()}
-        d.promoted, d.reason = True, f"no champion yet; v{version} is lossless on {', '.join(d.eval_sets)}"
-        slower = sorted(s for s, v in mine.items() if metric == "speedup" and v < 1.0)
-        if slower:  # allowed (any lossless head beats having none to compare against), but say it
-            d.reason += f" (note: slower than AR on {', '.join(slower)})"
+        d.promoted, d.reason = True, f"no champion yet; v{version} is lossless and not slower than AR on " \
+                                     f"{', '.join(d.eval_sets)}"
         return _move(d)
 
-    for champ_run in eval_runs(target_id, name, champion):  # newest first: the latest one on shared sets
-        theirs = set_scores(champ_run, metric)
-        common = sorted(set(mine) & set(theirs))
-        if common:
-            break
-    else:
+    found = _champion_scores(target_id, name, champion, metric, set(mine))
+    if found is None:
         d.reason = (f"champion v{champion} has no evaluation on the same eval sets as the challenger "
                     f"({', '.join(sorted(mine))}); evaluate both on the same sets")
         return _record(d)
-    d.champion_run_id, d.eval_sets = champ_run.info.run_id, common
+    theirs, d.champion_run_id = found
+    common = sorted(set(mine) & set(theirs))
+    d.eval_sets = common
     d.challenger_score = _mean(mine[s] for s in common)
     d.champion_score = _mean(theirs[s] for s in common)
     d.per_set = {s: {"challenger": mine[s], "champion": theirs[s]} for s in common}
@@ -180,6 +232,22 @@ def promote(target_id: str, challenger_version: str, metric: str = "speedup", ma
     d.reason = (f"{metric} {d.challenger_score:.3f} vs champion v{champion}'s {d.champion_score:.3f} "
                 f"({gain:+.1%}) does not beat it by the margin {margin:.1%} on {', '.join(common)}")
     return _record(d)
+
+
+def _champion_scores(target_id: str, name: str, champion: str, metric: str,
+                     sets: set[str]) -> tuple[dict[str, float], str | None] | None:
+    """The champion's per-set scores on some of `sets`: from its serving evidence when the sweep stored it,
+    else from its latest evaluation run on shared sets (→ scores, that run's id); None when it has neither."""
+    evidence = serving_evidence(name, champion)
+    if evidence is not None:
+        theirs = evidence_scores(evidence, metric)
+        if set(theirs) & sets:
+            return theirs, None
+    for run in eval_runs(target_id, name, champion):  # newest first: the latest one on shared sets
+        theirs = set_scores(run, metric)
+        if set(theirs) & sets:
+            return theirs, run.info.run_id
+    return None
 
 
 def _move(d: PromotionDecision) -> PromotionDecision:

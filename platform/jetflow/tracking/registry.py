@@ -36,6 +36,8 @@ TREE_CONFIG_TAG = "jetflow.tree_config"
 BUDGET_TABLE_TAG = "jetflow.budget_by_concurrency"   # {"concurrency": budget}: the budget sweep's best per level
 TAU_TAG = "jetflow.tau_by_budget"                   # {"budget": τ}: the sweep's τ of the stored tree's kind
 PROFILE_TAG = "jetflow.tree_profile"                # the head's per-(depth, rank) acceptance (tree_profile.json)
+EVIDENCE_TAG = "jetflow.serving.evidence"           # the budget sweep's serving decision: setting, per-set timed
+                                                    # speedups with their spread, prompts, tokens (what the gate reads)
 WEIGHTS_TAG = "jetflow.weights_sha256"
 HEAD_ARTIFACT = "head"
 CACHE_DIR = "registry"  # downloaded versions: <local root>/registry/<store hash>/<name>/<version>/
@@ -257,6 +259,25 @@ def set_serving_profile(name: str, version: str, budget_table: dict[int, int],
                             json.dumps({str(k): int(v) for k, v in sorted(budget_table.items())}))
     c.set_model_version_tag(name, str(mv.version), TAU_TAG,
                             json.dumps({str(k): round(float(v), 4) for k, v in sorted(tau_by_budget.items())}))
+
+
+def set_serving_evidence(name: str, version: str, decision: dict) -> None:
+    """Store the budget sweep's serving decision with the version (tag `jetflow.serving.evidence`, JSON): the
+    setting served ("plain" when every timed setting loses to AR on some set), per prompt set its timed
+    speedup, spread and τ, and how many prompts, tokens and passes stand behind them. The gate scores it."""
+    if not isinstance(decision, dict) or "setting" not in decision:
+        raise InvalidSettingError(f"serving evidence is the sweep's decision dict, got {decision!r}")
+    mv = get_version(name, str(version))
+    client().set_model_version_tag(name, str(mv.version), EVIDENCE_TAG, json.dumps(decision, separators=(",", ":")))
+
+
+def serving_evidence(name: str, version: str) -> dict | None:
+    """The version's stored serving decision (`set_serving_evidence`), None when it has none."""
+    text = get_version(name, str(version)).tags.get(EVIDENCE_TAG)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def set_tree_profile(name: str, version: str, profile: AcceptanceProfile) -> None:
