@@ -17,6 +17,7 @@ the measured prefill cost per prompt token.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -94,7 +95,10 @@ class StepCostCurve:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        # written whole, then renamed: a process reading the cached curve never sees half of it
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
         return path
 
     @classmethod
