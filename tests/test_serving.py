@@ -111,7 +111,9 @@ def served(smollm, tmp_path_factory):
         mp.setenv("RAY_metrics_report_interval_ms", "1000")
         mp.setenv("RAY_raylet_start_wait_time_s", "120")  # a busy 2-core machine starts Ray slowly
         champion = _register_random_champion(smollm, home)
-        ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, _metrics_export_port=metrics_port)
+        # 3 logical CPUs for 0.5-CPU replicas: the three apps, plain's autoscaled second replica and a test's
+        # extra app all fit at once (with 2, the extra app's replica waited for plain to scale back down).
+        ctx = ray.init(address="local", num_cpus=3, include_dashboard=False, _metrics_export_port=metrics_port)
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port})
             from jetflow.engine.cost import StepCostCurve

@@ -139,13 +139,14 @@ class JetFlowServer:
         import torch
 
         from jetflow.serving.metrics import ServingMetrics
-        from jetflow.serving.selection import choose_head
+        from jetflow.serving.selection import check_registry_reachable, choose_head
         from jetflow.target import TargetModel
         from jetflow.target.placement import placement
 
         cfg = ServeConfig.model_validate(config)
         if cfg.tracking_uri:  # this replica's process reads the registry from there
             os.environ["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
+        check_registry_reachable(cfg)  # before the weights load
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         device, dtype = placement(cfg.device or ("cuda" if cfg.replica_gpus > 0 else "cpu"), cfg.dtype)

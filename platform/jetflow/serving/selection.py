@@ -98,6 +98,30 @@ def _probe_server(timeout_s: float = 10.0) -> None:
             pass
 
 
+def _unavailable(lookup: str, exc: Exception) -> RegistryUnavailableError:
+    from jetflow.tracking.store import tracking_uri
+
+    return RegistryUnavailableError(
+        f"registry lookup of {lookup} at {tracking_uri()} failed on this replica's node "
+        f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the replica does not "
+        "start rather than serve plain decoding. Check that the tracking server is up and reachable from "
+        "every node (mlflow server --host 0.0.0.0), or pass head=none for plain decoding")
+
+
+def check_registry_reachable(cfg: ServeConfig) -> None:
+    """RegistryUnavailableError, before a replica loads its target, when its head comes from the registry and
+    the tracking server does not answer: Serve retries a failing constructor (three times a replica), and
+    each try would load the weights first."""
+    if cfg.head is not None:
+        return
+    try:
+        _probe_server()
+    except ImportError:  # no jetflow.tracking: `_registered` says so
+        return
+    except Exception as exc:  # noqa: BLE001  (the reason goes into the replica's error)
+        raise _unavailable(f"the {cfg.alias!r} head", exc) from None
+
+
 def _registered(cfg: ServeConfig, target) -> HeadChoice:
     try:
         from jetflow.tracking import registry
@@ -109,13 +133,7 @@ def _registered(cfg: ServeConfig, target) -> HeadChoice:
         _probe_server()
         found = registry.resolve_alias(target.model_id, cfg.alias)
     except Exception as exc:  # an unreachable or broken tracking store: this replica cannot serve what was asked
-        from jetflow.tracking.store import tracking_uri
-
-        raise RegistryUnavailableError(
-            f"registry lookup of {name}@{cfg.alias} at {tracking_uri()} failed on this replica's node "
-            f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); the replica does not "
-            "start rather than serve plain decoding. Check that the tracking server is up and reachable from "
-            "every node (mlflow server --host 0.0.0.0), or pass head=none for plain decoding") from None
+        raise _unavailable(f"{name}@{cfg.alias}", exc) from None
     if found is None:
         return HeadChoice(None, None, note=f"no champion registered: registered model {name!r} has no "
                                            f"alias {cfg.alias!r}; plain decoding (promote a head with "
