@@ -276,7 +276,6 @@ def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target
 
 @pytest.mark.parametrize("args, fragments", [
     (["--head", "no-such-head-name"], ["no-such-head-name"]),
-    (["--head", "no-such-head-name"], ["no-such-head-name"]),
     (["--sets", "mtbench,nope"], ["unknown prompt set 'nope'"]),
     (["--budgets", "0"], ["budget must be an integer in 1..4096"]),
     (["--budgets", "8,5000"], ["budget must be an integer in 1..4096"]),

@@ -4,7 +4,11 @@ Fast tests use a tiny random Qwen3 whose 'regenerated' data is its own greedy ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -212,8 +216,9 @@ def test_online_features_equal_the_cache_and_train_the_same_head(tiny, features,
         assert torch.equal(w_cache[k], w_online[k]), k
 
 
-def test_a_bf16_target_taps_its_own_cache_and_trains_an_fp32_head(tiny, tmp_path):
+def test_a_bf16_target_taps_its_own_cache_and_trains_an_fp32_head(tiny, tmp_path, monkeypatch):
     """The GPU recipe on a CPU: the frozen target in bf16, the head's master weights in fp32."""
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path / "home"))  # the content-keyed caches: built here, not reused
     bf16 = type(tiny)(_bf16_copy(tiny), None, "tiny-qwen3", "random")
     regen = _write_regen(tmp_path / "regen", tiny, n=6, new_tokens=24)
     spec = FeatureSpec(layer_ids=(1, 2, 3), max_len=64, teacher_topk=4, shard_sequences=3)
@@ -401,13 +406,19 @@ def _leaf_fields(cls) -> list[tuple[type, dataclasses.Field]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _help(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """`python ARGV --help` run as a user runs it; once per script (jobs/train.py and jobs/datagen.py each
+    document two config classes, checked against the same output)."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True,
+                          cwd=root, timeout=120, env={**os.environ, "PYTHONPATH": str(root / "platform")})
+
+
 @pytest.mark.parametrize("argv,config", ENTRY_POINTS, ids=[" ".join(a) for a, _ in ENTRY_POINTS])
 def test_help_documents_every_option_with_its_comment_and_default(argv, config):
     import importlib
-    import os
     import re
-    import subprocess
-    import sys
 
     from jetflow.config_cli import field_comments
 
@@ -416,9 +427,7 @@ def test_help_documents_every_option_with_its_comment_and_default(argv, config):
     leaves = _leaf_fields(cls)
     undocumented = [f.name for owner, f in leaves if not field_comments(owner).get(f.name)]
     assert not undocumented, f"{config} fields without a comment to show in --help: {undocumented}"
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True,
-                         cwd=root, timeout=120, env={**os.environ, "PYTHONPATH": str(root / "platform")})
+    out = _help(tuple(argv))
     assert out.returncode == 0, out.stderr
     entries = [" ".join(e.split()) for e in re.split(r"\n  (?=--)", out.stdout)]  # one per option, unwrapped
     for owner, f in leaves:
