@@ -41,11 +41,14 @@ setup-gpu:
 model: setup
 	$(BIN)/jetflow prepare-model smollm2-135m
 
+# Two pytest-xdist workers, one per core; tests/conftest.py says which tests go to a worker together.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
 test: setup model
-	$(BIN)/python -m pytest -q tests -m "not cluster"
+	$(BIN)/python -m pytest -q $(XDIST) tests -m "not cluster"
 
 test-fast: setup
-	$(BIN)/python -m pytest -q tests -m "not slow and not cluster"
+	$(BIN)/python -m pytest -q $(XDIST) tests -m "not slow and not cluster"
 
 # A real multi-node Ray cluster on this machine (tests/cluster.py): a zero-CPU head, worker nodes in their own
 # network and mount namespaces (private JETFLOW_HOME, HF cache and /tmp; their own loopback), an S3 server

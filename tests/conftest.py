@@ -3,6 +3,7 @@ supported architecture, and a noisy-oracle drafter that makes deep acceptance ha
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -11,6 +12,51 @@ import torch
 from jetflow.decode import Decoder
 from jetflow.engine import Engine
 from jetflow.target import TargetModel
+
+
+# `make test` runs the suite in two pytest-xdist workers, one per core (-n 2 --dist loadfile
+# --no-loadscope-reorder). Each worker's torch takes one intra-op thread, so the two do not spin OpenMP
+# threads against each other (subprocesses and Ray workers set their own).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+# A worker takes a whole test file (its module fixtures — a Ray Serve app, an MLflow server, reference
+# decodes — are built once, in one process), except the files in SPREAD, whose tests go one at a time to
+# whichever worker is free. Work goes out in collection order, so the longest files come first and the
+# spread tests last, where they fill in until both workers finish together.
+LONGEST_FIRST = ("test_serving.py", "test_sweeps.py", "test_live_tracking.py", "test_train.py", "test_engine.py",
+                 "test_eval.py", "test_cli.py", "test_sampling_lossless.py")
+SPREAD = ("test_decoder_lossless.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: len(rank) + 1 if item.path.name in SPREAD else rank.get(item.path.name, len(rank)))
+
+
+class _FilesThenSpreadTests:
+    """`--dist loadfile`, with each test of a SPREAD file a unit of its own. (xdist's `loadgroup` would say
+    this with marks, but it groups by rewriting node ids, which pytest 9.2 no longer reads.)"""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config, log):
+        from xdist.scheduler import LoadFileScheduling
+
+        if config.getvalue("dist") != "loadfile":
+            return None
+
+        class Scheduling(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return nodeid if path.rsplit("/", 1)[-1] in SPREAD else path
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_FilesThenSpreadTests())
 
 
 @pytest.fixture(scope="session")
