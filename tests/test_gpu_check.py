@@ -33,7 +33,10 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
         assert costs["ar_step_ms"] > 0 and costs["bandwidth_floor_ms"] > 0
         anatomy = costs["anatomy"]
         assert anatomy["steps"] == 3 and anatomy["nodes"] == 16
-        assert anatomy["step_ms"] >= anatomy["draft_ms"] + anatomy["verify_ms"] > 0
+        # medians over the steps: each phase's is at most the step's (it is in every step), but medians do not
+        # add up, so their sum may exceed the step's median on a busy machine
+        assert anatomy["step_ms"] >= max(anatomy["draft_ms"], anatomy["verify_ms"]) and anatomy["draft_ms"] > 0 \
+            and anatomy["verify_ms"] > 0
     assert {"MATH-500", "MT-Bench", "HumanEval"} <= set(report["projection"])
     assert report["compile"]["static_cache_eager_ms"] > 0
     jetspec = report["jetspec"]  # quick: at the scaled-down run's largest tree (16), the same code as at 128

@@ -113,7 +113,8 @@ def served(smollm, tmp_path_factory):
         champion = _register_random_champion(smollm, home)
         # 3 logical CPUs for 0.5-CPU replicas: the three apps, plain's autoscaled second replica and a test's
         # extra app all fit at once (with 2, the extra app's replica waited for plain to scale back down).
-        ctx = ray.init(address="local", num_cpus=3, include_dashboard=False, _metrics_export_port=metrics_port)
+        ctx = ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False,
+                       _metrics_export_port=metrics_port)  # the tests read the replicas' log files
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": http_port})
             from jetflow.engine.cost import StepCostCurve
