@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if out.promotion:
         print(out.promotion)
     trained = f"; training before it {_took(out.train_seconds)}" if out.trained else ""
-    print(f"MLflow parent run {sweep.parent_run_id}; {len(sweep.rows)} trials in {_took(sweep.seconds)}"
+    print(f"MLflow parent run {sweep.parent_run_id}; {len(sweep.rows)} settings, {len(sweep.finalists)} of them timed, "
+          f"in {_took(sweep.seconds)}"
           f"{trained}; {_took(out.seconds)} in all")
     return 1 if sweep.errors else 0
 

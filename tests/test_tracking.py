@@ -441,7 +441,8 @@ def test_gate_scores_the_sweeps_serving_evidence_and_says_what_stands_behind_eac
     log_evaluation(report(target, uri=uri_of(target, plain), speedup=3.0))  # an eval run does not override it
     d = promote(target, plain)
     assert not d.promoted and "would be served with plain decoding" in d.reason
-    assert "best_first-b4w7 t0 on mtbench" in d.reason
+    assert "evidence: serving plain decoding: every timed setting is slower than AR on some set " \
+           "(best_first-b4w7 t0 on mtbench)" in d.summary()
     first, _ = registered(tmp_path, target, 51)
     set_serving_evidence(name, first, _evidence("best_first-b4w7 t0", mtbench=1.10, humaneval=1.40))
     d = promote(target, first)

@@ -171,7 +171,8 @@ def promote(target_id: str, challenger_version: str, metric: str = "speedup", ma
     d.evidence = serving_evidence(name, version)
     if d.evidence is not None:  # the budget sweep's decision: its serving setting, timed against AR
         if d.evidence["setting"] == "plain":
-            d.reason = f"v{version} would be served with plain decoding ({evidence_text(d.evidence)})"
+            d.reason = (f"v{version} would be served with plain decoding: every setting its budget sweep timed is "
+                        "slower than AR on some eval set (evidence below)")
             return _record(d)
         mine = evidence_scores(d.evidence, metric)
     else:
