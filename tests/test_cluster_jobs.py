@@ -102,9 +102,10 @@ def test_the_main_job_trains_sweeps_registers_and_promotes_across_nodes(cluster)
     from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
+    # select τ: a 3-step smoke head is slower than AR everywhere, and the speed rule would serve it plain
     sweep = BudgetSweepConfig(target=TARGET, budgets=[2, 4], algorithms=["accum_logp"], sets=["humaneval"],
-                              prompts_per_set=1, max_new_tokens=8, concurrency=[1], max_concurrent=2,
-                              name="cluster-budget-sweep")
+                              prompts_per_set=1, max_new_tokens=8, concurrency=[1], max_concurrent=2, finalists=1,
+                              timed_prompts=1, timed_repeats=1, select="tau", name="cluster-budget-sweep")
     out = run_main_job(MainJobConfig(preset="smoke", train_workers=2, regen_workers=2, sweep=sweep))
     UNDISTURBED["sweep_rows"] = out.sweep.rows  # what the fault tests compare with
     print(f"[cluster] main job {time.perf_counter() - t0:.0f} s (training {out.train_seconds:.0f} s)")
@@ -125,7 +126,7 @@ def test_the_main_job_trains_sweeps_registers_and_promotes_across_nodes(cluster)
     assert all(r["lossless"] == 1.0 for r in out.sweep.rows)
     children = client().search_runs([client().get_run(out.sweep.parent_run_id).info.experiment_id],
                                     f"tags.mlflow.parentRunId = '{out.sweep.parent_run_id}'")
-    assert len(children) == 2 and {r.data.tags["jetflow.node"] for r in children} <= workers
+    assert len(children) == 3 and {r.data.tags["jetflow.node"] for r in children} <= workers  # 2 wide + 1 timed
     # the training run, filled by rank 0 on a worker node, holds a point per step and both ranks' system metrics
     name = registered_model_name(TARGET)
     champion = client().get_model_version_by_alias(name, CHAMPION)
@@ -217,6 +218,7 @@ def test_a_budget_sweep_that_lost_a_node_stores_nothing_and_its_rerun_runs_only_
     def job(max_failures: int):
         sweep = BudgetSweepConfig(target=TARGET, budgets=[2, 4, 8, 16], algorithms=["accum_logp"], sets=["humaneval"],
                                   prompts_per_set=1, max_new_tokens=8, concurrency=[1], max_concurrent=2, name=name,
+                                  finalists=1, timed_prompts=1, timed_repeats=1, select="tau",
                                   max_failures=max_failures)
         return run_main_job(MainJobConfig(head=champion, sweep=sweep))
 
@@ -242,9 +244,10 @@ def test_a_budget_sweep_that_lost_a_node_stores_nothing_and_its_rerun_runs_only_
     assert second.sweep.complete and second.stored and second.sweep.parent_run_id == first.sweep.parent_run_id
     children = [r for r in _children(second.sweep.parent_run_id)]
     keys = sorted(r.data.tags[TRIAL_TAG] for r in children)
-    assert keys == sorted({*keys}) and len(keys) == 4, f"every trial once in the parent: {keys}"
+    assert keys == sorted({*keys}) and len(keys) == 5, f"every trial once in the parent (4 wide, 1 timed): {keys}"
     rerun = sorted(r.data.tags[TRIAL_TAG] for r in children if r.info.start_time > ended)
-    assert rerun == sorted(first.sweep.missing), "the rerun ran only the missing trials"
+    assert rerun == sorted(first.sweep.missing + ["timed humaneval"]), \
+        "the rerun ran only the missing trials of the wide pass, then the timed pass"
     before = {r["key"]: r["tau"] for r in UNDISTURBED["sweep_rows"]}
     after = {r["key"]: r["tau"] for r in second.sweep.rows}
     assert before and all(after[k] == tau for k, tau in before.items()), (before, after)

@@ -144,9 +144,17 @@ def test_trial_metrics_of_both_passes():
 # --------------------------------------------------------------------------- real Ray Tune + MLflow
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    """A temporary MLflow store and JETFLOW_HOME (the step cost curve is cached there), the converted target
+    reused."""
+    from jetflow.paths import models_dir
+
     root = tmp_path_factory.mktemp("sweep")
+    home = root / "home"
+    home.mkdir()
+    (home / "models").symlink_to(models_dir(), target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        mp.setenv("JETFLOW_HOME", str(home))
         yield root
 
 

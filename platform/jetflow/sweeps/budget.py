@@ -497,13 +497,13 @@ def _loses(row: dict) -> list[str]:
 
 
 def decide(rows: list[dict], select: str, cfg: BudgetSweepConfig) -> tuple[dict | None, dict]:
-    """The serving setting among the timed finalists, and the decision's evidence. The rule: lossless, not
-    slower than AR on any prompt set, then the highest `select` (speedup: the timed mean over sets; tau: the
-    wide pass's). None when every finalist is slower than AR on some set: the head is served plain there and
-    everywhere (one setting serves all requests)."""
+    """The serving setting among the timed finalists, and the decision's evidence. The rule (select=speedup):
+    lossless, not slower than AR on any prompt set, then the highest timed mean speedup over sets; None when
+    every finalist is slower than AR on some set: the head is served plain there and everywhere (one setting
+    serves all requests). With select=tau the highest τ of the lossless finalists, speed reported, not required."""
     timed = [r for r in rows if math.isfinite(r.get("speedup", math.nan)) and _usable(r)]
     ranked = sorted(timed, key=lambda r: r[select], reverse=True)
-    winners = [r for r in ranked if not _loses(r)]
+    winners = [r for r in ranked if select == "tau" or not _loses(r)]
     best = winners[0] if winners else None
     runner = next((r for r in ranked if r is not best), None) if best is not None else None
     evidence = {

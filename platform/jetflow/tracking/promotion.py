@@ -109,8 +109,13 @@ def evidence_text(d: dict) -> str:
         verdict = "exceeds" if d.get("decisive") else "does not exceed"
         text += (f"; its lead over {d['runner_up']} ({d['lead']:+.2f}) {verdict} the run-to-run spread "
                  f"({_num(d.get('lead_spread'))})")
-    if losing:
-        text += f"; passed over for losing to AR: {losing}"
+    own = (d.get("losing") or {}).get(d["setting"])
+    if own:  # (select=tau: τ decides, speed is reported)
+        text += f"; slower than AR on {', '.join(own)}"
+    others = "; ".join(f"{k} on {', '.join(v)}" for k, v in (d.get("losing") or {}).items() if k != d["setting"])
+    if others:
+        text += f"; passed over for losing to AR: {others}" if d["select"] == "speedup" else \
+            f"; other finalists slower than AR: {others}"
     return f"{text}; {behind}"
 
 
