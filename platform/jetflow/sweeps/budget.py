@@ -445,7 +445,7 @@ def choose_finalists(rows: list[dict], count: int, select: str = "speedup") -> l
     (more when the sets' winners alone are more). Lossy rows never."""
     ok = [r for r in rows if _usable(r)]
     by = "predicted" if select == "speedup" and all(math.isfinite(r.get("predicted", math.nan)) for r in ok) else "tau"
-    sets = sorted({k.removeprefix("tau@") for r in ok for k in r if k.startswith("tau@")})
+    sets = _sets(ok)
 
     def score(r, ds=None):
         v = r.get(f"{by}@{ds}" if ds else by, math.nan)
