@@ -363,7 +363,7 @@ def served(cluster, tmp_path_factory):
         log.close()
 
 
-def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, served):
+def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, served, tmp_path):
     """`serve/app.py --address …` places its replicas on the worker nodes; each reads the champion through the
     registry on its own node; the `openai` client gets `jetflow generate`'s text."""
     from openai import OpenAI
@@ -376,13 +376,13 @@ def test_serve_joins_the_cluster_with_a_replica_on_each_worker_node(cluster, ser
     served_texts = [api.chat.completions.create(model=TARGET, messages=[{"role": "user", "content": p}],
                                                 max_tokens=16, temperature=0).choices[0].message.content
                     for p in prompts]
-    generated = []
-    for p in prompts:  # the same champion, decoded on this machine by the CLI
-        r = subprocess.run([sys.executable, "-m", "jetflow.cli", "generate", "--head", card.jetflow["head"],
-                            "--max-new-tokens", "16", "--json", p],
-                           env={**os.environ, "JETFLOW_HOME": MODEL_HOME}, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        generated.append(json.loads(r.stdout.strip().splitlines()[-1])["text"])
+    jsonl = tmp_path / "prompts.jsonl"  # the same champion, decoded on this machine by the CLI (one target load)
+    jsonl.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    r = subprocess.run([sys.executable, "-m", "jetflow.cli", "generate", "--head", card.jetflow["head"],
+                        "--max-new-tokens", "16", "--json", "--prompts", str(jsonl)],
+                       env={**os.environ, "JETFLOW_HOME": MODEL_HOME}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    generated = [json.loads(line)["text"] for line in r.stdout.strip().splitlines() if line.startswith("{")]
     assert served_texts == generated
 
 

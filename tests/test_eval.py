@@ -210,6 +210,7 @@ def test_evaluate_report_follows_the_contract_and_is_lossless(smollm, one_thread
         assert r["lossless"] is True, r                     # every greedy output equals our AR's (AR: HF's)
         assert r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and r["e2e_speedup"] > 0
         assert r["prompts"] == 1 and 1 <= r["tokens"] <= 12
+        assert (r["work_digest"] is None) == (r["method"] != "causal")  # the head's rows only
         if r["method"] == "ar":
             assert r["speedup_vs_ar"] == 1.0 and r["tau"] == 1.0
             assert r["draft_ms"] < 0.1 * r["verify_ms"]        # no head: only the root-only tree
@@ -266,6 +267,40 @@ def load_job():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_work_digest_tells_equal_decodes_from_different_ones():
+    from collections import Counter
+
+    from jetflow.decode.stats import DecodeStats
+
+    def stats(committed, nodes, ranks):
+        return DecodeStats(rounds=len(committed), committed_per_round=committed, tree_nodes=nodes,
+                           accepted_ranks=Counter(ranks))
+
+    a = stats([2, 1, 3], [4, 4, 4], {(1, 0): 2, (2, 0): 1})
+    assert a.work_digest() == stats([2, 1, 3], [4, 4, 4], {(2, 0): 1, (1, 0): 2}).work_digest() < 2 ** 52
+    assert float(a.work_digest()) == a.work_digest(), "exact as a float metric"
+    assert a.work_digest() != stats([2, 1, 3], [4, 4, 2], {(1, 0): 2, (2, 0): 1}).work_digest()  # nodes verified
+    assert a.work_digest() != stats([1, 2, 3], [4, 4, 4], {(1, 0): 2, (2, 0): 1}).work_digest()  # round order
+    assert a.work_digest() != stats([2, 1, 3], [4, 4, 4], {(1, 1): 2, (2, 0): 1}).work_digest()  # ranks accepted
+
+
+@pytest.mark.slow
+def test_every_algorithm_at_budget_2_does_the_same_work_on_the_real_target(smollm, one_thread):
+    """Budget 2 is one drafted node, the head's top token, whatever the algorithm: the evaluation's work
+    digests say so (what lets the budget sweep time it once); budget 4 differs."""
+    torch.manual_seed(0)
+    head = LoadedHead(DraftHead(HeadConfig.for_target(smollm)), HeadRef.parse("random"))
+    cfg = EvalConfig(prompts_per_set=2, timed_prompts=0, max_new_tokens=12, budgets=[2, 4], baselines=False,
+                     cost_model=False, algorithms=["accum_logp", "best_first", "chain"])
+    rows = [r for r in evaluate(smollm, [head], cfg)["rows"] if r["method"] == "causal"]
+    assert all(r["lossless"] is True for r in rows)
+    for ds in cfg.sets:
+        digests = {(r["algorithm"], r["budget"]): r["work_digest"] for r in rows if r["dataset"] == ds}
+        b2 = {d for (_, b), d in digests.items() if b == 2}
+        assert len(b2) == 1 and None not in b2, digests
+        assert digests[("accum_logp", 4)] not in b2 and digests[("best_first", 4)] not in b2
 
 
 def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target():

@@ -22,7 +22,7 @@ import yaml
 from jetflow.errors import InvalidSettingError
 from jetflow.main_job import MainJobConfig, run_main_job
 from jetflow.sweeps.budget import (BudgetSweepConfig, budget_by_concurrency, choose_finalists, decide, merge_timed, predict,
-                                   tau_by_budget, timed_metrics, trial_metrics)
+                                   same_work, tau_by_budget, timed_metrics, trial_metrics)
 from jetflow.tree import TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +84,22 @@ def test_the_step_cost_model_turns_tau_into_predictions_and_picks_each_sets_winn
     assert [r["key"] for r in choose_finalists(rows, 1)] == [rows[1]["key"], rows[0]["key"]]
     assert rows[3] not in choose_finalists(rows, 4) and len(choose_finalists(rows, 3)) == 3
     assert [r["key"] for r in choose_finalists(rows, 1, select="tau")][:1] == [rows[1]["key"]]  # highest τ
+
+
+def test_finalists_skip_a_setting_that_did_the_same_work_as_one_already_chosen():
+    # at budget 2 every algorithm drafts the same single node: equal τ and equal work digests on every set
+    same = {"work@mtbench": 11.0, "work@humaneval": 12.0}
+    rows = [{**_wide(TreeSpec("accum_logp", 2), mtbench=1.3, humaneval=1.6), **same},
+            {**_wide(TreeSpec("best_first", 2), mtbench=1.3, humaneval=1.6), **same},
+            {**_wide(TreeSpec("chain", 2, width=1), mtbench=1.3, humaneval=1.6), **same},
+            {**_wide(TreeSpec("best_first", 4), mtbench=1.2, humaneval=1.5), "work@mtbench": 13.0,
+             "work@humaneval": 14.0},
+            _wide(TreeSpec("best_first", 8), mtbench=1.1, humaneval=1.4)]  # no digest: never "the same"
+    picked = choose_finalists(rows, 3, select="tau")
+    assert [r["key"] for r in picked] == [rows[0]["key"], rows[3]["key"], rows[4]["key"]]
+    assert not same_work(rows[0], {**rows[1], "work@humaneval": 15.0}), "one set differing is different work"
+    assert not same_work(rows[0], {**rows[1], "temperature": 0.7})
+    assert not same_work(rows[4], rows[4]), "without digests nothing is the same work"
 
 
 def test_timed_runs_give_each_finalist_its_speedup_per_set_and_the_spread_of_its_passes():

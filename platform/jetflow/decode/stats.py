@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +62,15 @@ class DecodeStats:
         out.accepted_depths = self.accepted_depths + other.accepted_depths
         out.accepted_ranks = self.accepted_ranks + other.accepted_ranks
         return out
+
+    def work_digest(self) -> int:
+        """What the rounds did, as a 52-bit integer (exact as a float metric): the verified nodes and the tokens
+        committed per round and the accepted nodes per (depth, rank). Two settings with the same digest on the
+        same prompts verified the same number of nodes and accepted the same tokens in every round: timing
+        both measures one decode twice (e.g. every algorithm at budget 2 drafts the same single node)."""
+        ranks = sorted(self.accepted_ranks.items())
+        text = json.dumps([self.committed_per_round, self.tree_nodes, ranks])
+        return int(hashlib.sha1(text.encode()).hexdigest()[:13], 16)
 
     def to_dict(self) -> dict[str, Any]:
         return {

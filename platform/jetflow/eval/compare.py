@@ -471,6 +471,7 @@ def _row(ds: str, s: Setting, tallies: dict, batched: dict, thru: dict, cfg: Eva
         "other_ms": t.per_token_ms(t.decode_s - t.draft_s - t.verify_s),
         "tokens": sum(len(g.token_ids) for g in gens) if gens else t.tokens,
         "prompts": len(gens) if gens else len(t.outputs), "timed_prompts": len(t.outputs),
+        "work_digest": stats.work_digest() if stats is not None and s.head is not None else None,
     }
     measured = thru.get((ds, s))
     if measured:

@@ -202,6 +202,8 @@ def trial_metrics(report: dict) -> dict[str, float]:
     out = {"tau": _mean(r["tau"] for r in rows), "lossless": float(all(lossless)) if lossless else math.nan}
     for r in rows:
         out[f"tau@{r['dataset']}"] = r["tau"]
+        if r.get("work_digest") is not None:
+            out[f"work@{r['dataset']}"] = float(r["work_digest"])  # 52 bits: exact as a float
     return out
 
 
@@ -442,7 +444,8 @@ def _usable(row: dict) -> bool:
 def choose_finalists(rows: list[dict], count: int, select: str = "speedup") -> list[dict]:
     """The settings the timed pass measures: each set's own predicted winner (highest `predicted@<set>`, or τ
     without predictions / with select=tau), then the best by the mean of the same, up to `count` in all
-    (more when the sets' winners alone are more). Lossy rows never."""
+    (more when the sets' winners alone are more). Lossy rows never, nor a row that did the same work as one
+    already chosen (`same_work`: at budget 2 every algorithm drafts the same single node)."""
     ok = [r for r in rows if _usable(r)]
     by = "predicted" if select == "speedup" and all(math.isfinite(r.get("predicted", math.nan)) for r in ok) else "tau"
     sets = _sets(ok)
@@ -452,16 +455,27 @@ def choose_finalists(rows: list[dict], count: int, select: str = "speedup") -> l
         return (v if math.isfinite(v) else -math.inf, -r["budget"])  # ties: the smaller tree
 
     chosen: list[dict] = []
+
+    def take(r) -> None:
+        if r is not None and not any(r is c or same_work(r, c) for c in chosen):
+            chosen.append(r)
+
     for ds in sets:
-        top = max(ok, key=lambda r: score(r, ds), default=None)
-        if top is not None and top not in chosen:
-            chosen.append(top)
+        take(max(ok, key=lambda r: score(r, ds), default=None))
     for r in sorted(ok, key=score, reverse=True):
         if len(chosen) >= count:
             break
-        if r not in chosen:
-            chosen.append(r)
+        take(r)
     return chosen
+
+
+def same_work(a: dict, b: dict) -> bool:
+    """Whether two wide-pass rows decoded the same way on every prompt set: the same temperature and equal
+    `work@<set>` digests (`DecodeStats.work_digest`: the same nodes verified and tokens accepted, round by
+    round). Timing both would measure one decode twice. Rows without digests are never the same."""
+    sets = [k for k in a if k.startswith("work@")]
+    return (bool(sets) and a["temperature"] == b["temperature"] and {k for k in b if k.startswith("work@")} == set(sets)
+            and all(a[k] == b[k] for k in sets))
 
 
 def merge_timed(rows: list[dict], timed: dict[str, dict[str, float]]) -> None:
@@ -659,7 +673,7 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
         rows.append({"tree": spec.to_dict(), "key": spec.key, "trial": trial_key(setting), "algorithm": spec.algorithm,
                      "budget": spec.budget, "width": spec.width, "temperature": setting["temperature"],
                      **{k: res.metrics[k] for k in ("tau", "lossless", "mlflow_run_id")},
-                     **{k: v for k, v in res.metrics.items() if k.startswith("tau@")}})
+                     **{k: v for k, v in res.metrics.items() if k.startswith(("tau@", "work@"))}})
     rows.sort(key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))  # Tune's order varies
     done = {r["trial"] for r in rows}
     missing = [trial_key(s) for s in settings if trial_key(s) not in done]
@@ -673,7 +687,9 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
         picked = [{"tree": r["tree"], "temperature": r["temperature"]} for r in finalists]
         timed: dict[str, dict] = {}
         if finalists:  # (none when no setting is lossless: nothing to time, the head is served plain)
-            print(f"[budget sweep] finalists for the timed pass: {', '.join(r['trial'] for r in finalists)}")
+            twins = {f["trial"]: [r["trial"] for r in rows if r is not f and same_work(r, f)] for f in finalists}
+            print(f"[budget sweep] finalists for the timed pass: "
+                  + ", ".join(f"{t} (the same work as {', '.join(w)})" if w else t for t, w in twins.items()))
             timed_grid = _tuner(trainable, cfg.timed_location, {"dataset": tune.grid_search(list(cfg.sets)),
                                                                 "finalists": picked, "shared": shared}, cfg).fit()
             errors.update(trial_errors(timed_grid))

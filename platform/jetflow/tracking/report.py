@@ -58,6 +58,7 @@ class ReportRow(_Strict):
     draft_ms: float | None = None
     verify_ms: float | None = None
     other_ms: float | None = None
+    work_digest: int | None = None  # `DecodeStats.work_digest` of the batched pass: equal digests, equal work
 
 
 class CostModel(_Strict):
