@@ -12,6 +12,7 @@ from torch import nn
 
 from jetflow.head.config import HeadConfig
 from jetflow.sdpa import scaled_dot_product_attention
+from jetflow.target.projection import RowProjector
 
 
 class RMSNorm(nn.Module):
@@ -276,13 +277,11 @@ class DraftHead(nn.Module):
             return target.logits(hidden)
         key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version)
         if self._lm_cache is None or self._lm_cache[0] != key:
-            self._lm_cache = (key, weight.detach()[self.draft_vocab].contiguous())
-        sub = self._lm_cache[1]
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        out = (sub @ flat.T).T  # (V', H) @ (H, m): the faster orientation for few rows on CPU
+            self._lm_cache = (key, RowProjector(weight.detach()[self.draft_vocab].contiguous()))
+        out = self._lm_cache[1](hidden)  # (..., V'), in the product's fastest orientation for this many rows
         if target.lm_head_bias is not None:
             out = out + target.lm_head_bias[self.draft_vocab]
-        return out.reshape(*hidden.shape[:-1], sub.shape[0])
+        return out
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         """Indices into `output_logits` → target token ids."""
