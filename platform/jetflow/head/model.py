@@ -275,7 +275,8 @@ class DraftHead(nn.Module):
         hidden = hidden.to(weight.dtype)
         if not self.config.draft_vocab_size:
             return target.logits(hidden)
-        key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version)
+        key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version,
+               torch.is_inference_mode_enabled())  # an inference-mode copy cannot enter autograd (training)
         if self._lm_cache is None or self._lm_cache[0] != key:
             self._lm_cache = (key, RowProjector(weight.detach()[self.draft_vocab].contiguous()))
         out = self._lm_cache[1](hidden)  # (..., V'), in the product's fastest orientation for this many rows

@@ -93,7 +93,9 @@ class RowProjector:
         if form == "linear":
             return F.linear(flat, w)
         if form == "transposed":
-            if self._transposed is None or self._transposed.dtype != w.dtype or self._transposed.device != w.device:
+            stale = self._transposed is None or self._transposed.dtype != w.dtype or self._transposed.device != w.device
+            if stale or (self._transposed.is_inference() and not torch.is_inference_mode_enabled()):
+                # (a copy made under inference mode cannot enter autograd: training makes its own)
                 self._transposed = w.T.contiguous()
             return flat @ self._transposed
         return (w @ flat.T).T
