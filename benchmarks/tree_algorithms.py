@@ -1,5 +1,5 @@
 """One table and one plot of tree algorithms from several `jobs/evaluate.py` reports: a comparison run in
-pieces (the 40 + 40 one of BENCHMARKS.md "Tree algorithms" takes ~5 h on 2 cores, more than one sitting).
+pieces (the 40 + 40 one in benchmarks/HISTORY.md "Tree algorithms" takes ~5 h on 2 cores, more than one sitting).
 
     python benchmarks/tree_algorithms.py part1.json part2a.json part2b-tau.json part2b-speed.json \\
         --out ~/.jetflow/bench/algos40/all

@@ -30,7 +30,7 @@ FORMS = ("linear", "transposed", "swapped")  # F.linear(x, W) · x @ W^T (a cont
 ENV = "JETFLOW_LM_HEAD_FORM"
 # a row count is timed as the smallest bucket >= it (larger: the last). Up to 8 rows each count is its own: MKL's
 # choice changes from one count to the next (3 rows: linear fastest, 4 rows: transposed, on one host).
-_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
 _REPEATS = 5
 
 
@@ -45,13 +45,13 @@ def pinned_form() -> str | None:
 
 
 def bucket(rows: int) -> int:
-    return next((b for b in _BUCKETS if rows <= b), _BUCKETS[-1])
+    return next((b for b in BUCKETS if rows <= b), BUCKETS[-1])
 
 
 class RowProjector:
     """`x (..., H) → x @ W^T (..., V)` for a fixed `weight` (V, H), on CPU in the fastest of FORMS per row-count
-    bucket (timed once, at the first call of each bucket, by the fastest of 5 interleaved runs; `choices` says what was picked). `timer` is the clock
-    the choice is timed with."""
+    bucket (timed once, at the first call of each bucket, by the fastest of 5 interleaved runs; `choices` says
+    what was picked). `timer` is the clock the choice is timed with."""
 
     def __init__(self, weight: torch.Tensor, timer: Callable[[], float] = time.perf_counter,
                  fixed: dict[int, str] | None = None):
