@@ -7,14 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from jetflow.errors import InvalidSettingError
-from jetflow.target.projection import ENV, FORMS, RowProjector, bucket
+from jetflow.target.projection import ENV, FORMS, RowProjector, bucket, choices_file
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 70])
 def test_every_form_is_the_same_product(rows):
     torch.manual_seed(rows)
     w, x = torch.randn(300, 48), torch.randn(rows, 48)
-    p = RowProjector(w)
+    p = RowProjector(w, store=False)
     for form in FORMS:
         assert torch.allclose(p.apply(x, form), F.linear(x, w), rtol=1e-5, atol=1e-5), form
     assert p(x[None]).shape == (1, rows, 300)  # leading dimensions kept
@@ -23,9 +23,9 @@ def test_every_form_is_the_same_product(rows):
 class _Clocked(RowProjector):
     """Each form costs a fixed time per call on a fake clock (`cost[form](rows)` seconds)."""
 
-    def __init__(self, weight, cost):
+    def __init__(self, weight, cost, store=False):
         self.now = 0.0
-        super().__init__(weight, timer=lambda: self.now)
+        super().__init__(weight, timer=lambda: self.now, store=store)
         self.cost = cost
 
     def apply(self, flat, form):
@@ -47,10 +47,41 @@ def test_each_row_count_bucket_gets_its_fastest_form_timed_once(monkeypatch):
     assert [bucket(m) for m in (1, 2, 3, 8, 9, 16, 33, 64, 65, 4096)] == [1, 2, 3, 8, 16, 16, 64, 64, 64, 64]
 
 
+def test_a_later_projector_on_the_host_reads_the_stored_choices_instead_of_timing(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    cost = {"linear": lambda m: 1.0 * m, "transposed": lambda m: 2.5 + 0.2 * m, "swapped": lambda m: 5.0}
+    first = _Clocked(torch.randn(64, 16), cost, store=True)
+    first.warm(8)
+    assert first.now > 0 and first.choices == {1: "linear", 2: "linear", 3: "linear", 4: "transposed",
+                                               5: "transposed", 6: "transposed", 7: "transposed", 8: "transposed"}
+    assert choices_file().exists()
+    later = _Clocked(torch.randn(64, 16), cost, store=True)  # the same shape and dtype, on the same host
+    later.warm(8)
+    assert later.now == 0 and later.choices == first.choices  # read, not timed
+    other = _Clocked(torch.randn(32, 16), cost, store=True)  # another shape: its own choices
+    other.warm(2)
+    assert other.now > 0
+    unstored = _Clocked(torch.randn(64, 16), cost)
+    unstored.warm(1)
+    assert unstored.now > 0
+
+
+def test_a_corrupt_choices_file_means_timing_again(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    choices_file().parent.mkdir(parents=True)
+    choices_file().write_text("{not json")
+    p = _Clocked(torch.randn(64, 16), {f: (lambda m: 1.0) for f in FORMS}, store=True)
+    p.warm(2)
+    assert p.now > 0 and set(p.choices) == {1, 2}
+
+
 def test_fixed_buckets_are_never_timed(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     ticks: list[int] = []
-    p = RowProjector(torch.randn(64, 16), timer=lambda: float(len(ticks.append(1) or ticks)), fixed={1: "swapped"})
+    p = RowProjector(torch.randn(64, 16), timer=lambda: float(len(ticks.append(1) or ticks)), fixed={1: "swapped"},
+                     store=False)
     assert p.form_for(1) == "swapped" and not ticks
     assert p.form_for(2) in FORMS and ticks, "a bucket not fixed is timed"
 
@@ -63,7 +94,7 @@ def test_the_transposed_copy_is_dropped_when_no_bucket_uses_it(monkeypatch):
 
 
 def test_a_pinned_form_wins_and_a_bad_one_is_refused(monkeypatch):
-    p = RowProjector(torch.randn(64, 16))
+    p = RowProjector(torch.randn(64, 16), store=False)
     monkeypatch.setenv(ENV, "swapped")
     assert p.form_for(1) == "swapped" and not p.choices
     monkeypatch.setenv(ENV, "fastest")

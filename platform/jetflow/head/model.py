@@ -267,6 +267,23 @@ class DraftHead(nn.Module):
         self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
         self._lm_cache = None
 
+    def _lm_projector(self, target) -> RowProjector:
+        """The draft vocabulary's rows of the target's LM head, projected in the fastest orientation per row count."""
+        weight = target.lm_head_weight
+        key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version,
+               torch.is_inference_mode_enabled())  # an inference-mode copy cannot enter autograd (training)
+        if self._lm_cache is None or self._lm_cache[0] != key:
+            self._lm_cache = (key, RowProjector(weight.detach()[self.draft_vocab].contiguous()))
+        return self._lm_cache[1]
+
+    def warm_lm_head(self, target, max_rows: int) -> None:
+        """Time the draft LM-head product's orientations for every row-count bucket up to `max_rows` now (in the
+        caller's grad mode: an engine warms under inference mode, as it decodes)."""
+        if self.config.draft_vocab_size:
+            self._lm_projector(target).warm(max_rows)
+        else:
+            target.warm_lm_head(max_rows)
+
     def output_logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) final-normed hidden → (..., V') logits through the target's frozen LM head, V' = the
         draft vocabulary (index i is target id `draft_vocab[i]`) or the full vocabulary. The hidden states are
@@ -275,11 +292,7 @@ class DraftHead(nn.Module):
         hidden = hidden.to(weight.dtype)
         if not self.config.draft_vocab_size:
             return target.logits(hidden)
-        key = (weight.data_ptr(), weight.dtype, weight.device, self.draft_vocab.data_ptr(), self.draft_vocab._version,
-               torch.is_inference_mode_enabled())  # an inference-mode copy cannot enter autograd (training)
-        if self._lm_cache is None or self._lm_cache[0] != key:
-            self._lm_cache = (key, RowProjector(weight.detach()[self.draft_vocab].contiguous()))
-        out = self._lm_cache[1](hidden)  # (..., V'), in the product's fastest orientation for this many rows
+        out = self._lm_projector(target)(hidden)  # (..., V'), in the product's fastest orientation for this many rows
         if target.lm_head_bias is not None:
             out = out + target.lm_head_bias[self.draft_vocab]
         return out

@@ -197,6 +197,7 @@ class GenerationEngine:
                                   prefill_chunk=cfg.prefill_chunk, prefill_tokens=cfg.prefill_tokens, policy=policy,
                                   cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior)
         self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
+        self.engine.warm_lm_head()  # before the first request: its timing is not paid under a request's deadline
         self.loop = EngineLoop(self.engine, target.tokenizer)
 
     @property

@@ -156,11 +156,18 @@ class TargetModel:
     def lm_head_bias(self) -> torch.Tensor | None:
         return self._lm_head.bias
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) final-normed hidden → (..., V) logits (frozen LM head, shared with the draft head)."""
+    def _lm_projector(self) -> RowProjector:
         if self._projector is None or self._projector.weight is not self._lm_head.weight:
             self._projector = RowProjector(self._lm_head.weight, fixed={1: "transposed"})  # AR's step: as it was
-        out = self._projector(hidden)  # the product's fastest orientation on this machine for this many rows
+        return self._projector
+
+    def warm_lm_head(self, max_rows: int) -> None:
+        """Time the LM-head product's orientations for every row-count bucket up to `max_rows` now."""
+        self._lm_projector().warm(max_rows)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) final-normed hidden → (..., V) logits (frozen LM head, shared with the draft head)."""
+        out = self._lm_projector()(hidden)  # the product's fastest orientation on this machine for this many rows
         if self._lm_head.bias is not None:
             out = out + self._lm_head.bias
         return out

@@ -5,7 +5,9 @@ On a CPU the verify step and the draft multiply a handful of hidden rows by a la
 host: on one 2-core Intel host with one thread, 2 rows cost 8.3 ms as `F.linear`, 10.9 ms as `x @ W^T` with a
 contiguous transposed copy and 16.8 ms as `(W @ x^T)^T`, while at 16 rows the last is fastest
 (`benchmarks/lm_head.py`). A `RowProjector` times the three once per row-count bucket, at first use, and keeps
-the fastest. Off the CPU the product is `(W @ x^T)^T`, as before. `JETFLOW_LM_HEAD_FORM` pins one form.
+the fastest; the choices are kept per host (CPU model, torch version, thread count, weight shape and dtype) in
+`$JETFLOW_HOME/cache/lm_head_forms.json`, so later processes on the host (trials, replicas, tests) read them
+instead of timing again (timing every bucket costs ~10 s with one thread on a 2-core AMD EPYC host). Off the CPU the product is `(W @ x^T)^T`, as before. `JETFLOW_LM_HEAD_FORM` pins one form.
 
 The target's one-row product (every AR step) stays `transposed`, untimed: the forms round differently, and a
 greedy near-tie that AR resolves one way must be resolved the same way in every process (AR equals HF's
@@ -17,14 +19,18 @@ one-row and many-row paths always have; decoding stays lossless where the tests 
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from jetflow.errors import InvalidSettingError
+from jetflow.paths import jetflow_home
+from jetflow.storage import _atomic_write
 
 FORMS = ("linear", "transposed", "swapped")  # F.linear(x, W) · x @ W^T (a contiguous copy) · (W @ x^T)^T
 ENV = "JETFLOW_LM_HEAD_FORM"
@@ -44,6 +50,28 @@ def pinned_form() -> str | None:
     return value
 
 
+def choices_file() -> Path:
+    return jetflow_home() / "cache" / "lm_head_forms.json"
+
+
+def _host_key() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    import platform
+    return f"{model or platform.processor() or platform.machine()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+
+
+def _read_choices() -> dict:
+    try:
+        return json.loads(choices_file().read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or a file being replaced: time again
+
+
 def bucket(rows: int) -> int:
     return next((b for b in BUCKETS if rows <= b), BUCKETS[-1])
 
@@ -51,14 +79,39 @@ def bucket(rows: int) -> int:
 class RowProjector:
     """`x (..., H) → x @ W^T (..., V)` for a fixed `weight` (V, H), on CPU in the fastest of FORMS per row-count
     bucket (timed once, at the first call of each bucket, by the fastest of 5 interleaved runs; `choices` says
-    what was picked). `timer` is the clock the choice is timed with."""
+    what was picked). `timer` is the clock the choice is timed with; `store` reads and keeps the choices in the
+    host's file (`choices_file()`)."""
 
     def __init__(self, weight: torch.Tensor, timer: Callable[[], float] = time.perf_counter,
-                 fixed: dict[int, str] | None = None):
+                 fixed: dict[int, str] | None = None, store: bool = True):
         self.weight = weight
         self.choices: dict[int, str] = dict(fixed or {})  # `fixed` buckets are never timed
         self._transposed: torch.Tensor | None = None
         self._timer = timer
+        self._stored = store and weight.device.type == "cpu"  # `store`: read and keep the host's choices
+        self._keys: tuple[str, str] | None = None
+        if self._stored:
+            host, shape = self._store_keys()
+            known = _read_choices().get(host, {}).get(shape, {})
+            for b, form in known.items():
+                if form in FORMS and int(b) in BUCKETS:
+                    self.choices.setdefault(int(b), form)
+
+    def _store_keys(self) -> tuple[str, str]:
+        if self._keys is None:
+            self._keys = (_host_key(), f"{tuple(self.weight.shape)}|{self.weight.dtype}")
+        return self._keys
+
+    def _remember(self, b: int, form: str) -> None:
+        if not self._stored:
+            return
+        host, shape = self._store_keys()
+        data = _read_choices()
+        data.setdefault(host, {}).setdefault(shape, {})[str(b)] = form
+        try:
+            _atomic_write(choices_file(), json.dumps(data, indent=1, sort_keys=True).encode())
+        except OSError:
+            pass  # a read-only home: this process keeps its choice, the next one times again
 
     def form_for(self, rows: int, sample: torch.Tensor | None = None) -> str:
         pinned = pinned_form()
@@ -71,7 +124,16 @@ class RowProjector:
             x = sample if sample is not None and sample.shape[0] == b else \
                 torch.randn(b, self.weight.shape[1], dtype=self.weight.dtype)
             self.choices[b] = self._fastest(x)
+            self._remember(b, self.choices[b])
         return self.choices[b]
+
+    def warm(self, max_rows: int) -> None:
+        """Time every bucket up to `max_rows`'s now, so that no later call (a request's first verify step in a
+        Serve replica, under its deadline) pays for the timing."""
+        for b in BUCKETS:
+            if b > bucket(max_rows):
+                break
+            self.form_for(b)
 
     def _fastest(self, x: torch.Tensor) -> str:
         with torch.no_grad():
