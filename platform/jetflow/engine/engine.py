@@ -173,11 +173,11 @@ class Engine:
     @torch.inference_mode()
     def warm_lm_head(self) -> None:
         """Pick the LM-head product's orientation (`jetflow.target.projection.RowProjector`) for every row count
-        this engine's steps can meet — verify rows up to `max_slots × (MAX_BUDGET + 1)`, draft rows up to
+        this engine's steps can meet — verify rows up to `max_slots × MAX_BUDGET`, draft rows up to
         `max_slots × block_size` — now, instead of inside the first requests that meet each count (a Serve
         replica calls this before it takes traffic; a slow host paid seconds of timing under a request's deadline)."""
         slots = self.cfg.max_slots
-        self.target.warm_lm_head(slots * (MAX_BUDGET + 1))
+        self.target.warm_lm_head(slots * MAX_BUDGET)
         if self.head is not None:
             self.head.warm_lm_head(self.target, slots * self.head.config.block_size)
 

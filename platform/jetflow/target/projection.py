@@ -7,7 +7,8 @@ contiguous transposed copy and 16.8 ms as `(W @ x^T)^T`, while at 16 rows the la
 (`benchmarks/lm_head.py`). A `RowProjector` times the three once per row-count bucket, at first use, and keeps
 the fastest; the choices are kept per host (CPU model, torch version, thread count, weight shape and dtype) in
 `$JETFLOW_HOME/cache/lm_head_forms.json`, so later processes on the host (trials, replicas, tests) read them
-instead of timing again (timing every bucket costs ~10 s with one thread on a 2-core AMD EPYC host). Off the CPU the product is `(W @ x^T)^T`, as before. `JETFLOW_LM_HEAD_FORM` pins one form.
+instead of timing again (timing every bucket costs ~10 s with one thread on a 2-core AMD EPYC host). Off the
+CPU the product is `(W @ x^T)^T`, as before. `JETFLOW_LM_HEAD_FORM` pins one form.
 
 The target's one-row product (every AR step) stays `transposed`, untimed: the forms round differently, and a
 greedy near-tie that AR resolves one way must be resolved the same way in every process (AR equals HF's
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -54,15 +57,19 @@ def choices_file() -> Path:
     return jetflow_home() / "cache" / "lm_head_forms.json"
 
 
-def _host_key() -> str:
-    model = ""
+@lru_cache(maxsize=1)
+def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
             model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
     except OSError:
-        pass
-    import platform
-    return f"{model or platform.processor() or platform.machine()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+        model = ""
+    return model or platform.processor() or platform.machine()
+
+
+def _host_key() -> str:
+    """What the choices hold for: the CPU, torch's build and the thread count now."""
+    return f"{_cpu_model()}|torch {torch.__version__}|{torch.get_num_threads()} threads"
 
 
 def _read_choices() -> dict:
@@ -88,24 +95,19 @@ class RowProjector:
         self.choices: dict[int, str] = dict(fixed or {})  # `fixed` buckets are never timed
         self._transposed: torch.Tensor | None = None
         self._timer = timer
-        self._stored = store and weight.device.type == "cpu"  # `store`: read and keep the host's choices
-        self._keys: tuple[str, str] | None = None
-        if self._stored:
-            host, shape = self._store_keys()
-            known = _read_choices().get(host, {}).get(shape, {})
-            for b, form in known.items():
+        # `store`: read and keep the host's choices, under (host, weight shape and dtype)
+        self._keys = (_host_key(), f"{tuple(weight.shape)}|{weight.dtype}") \
+            if store and weight.device.type == "cpu" else None
+        if self._keys is not None:
+            host, shape = self._keys
+            for b, form in _read_choices().get(host, {}).get(shape, {}).items():
                 if form in FORMS and int(b) in BUCKETS:
                     self.choices.setdefault(int(b), form)
 
-    def _store_keys(self) -> tuple[str, str]:
-        if self._keys is None:
-            self._keys = (_host_key(), f"{tuple(self.weight.shape)}|{self.weight.dtype}")
-        return self._keys
-
     def _remember(self, b: int, form: str) -> None:
-        if not self._stored:
+        if self._keys is None:
             return
-        host, shape = self._store_keys()
+        host, shape = self._keys
         data = _read_choices()
         data.setdefault(host, {}).setdefault(shape, {})[str(b)] = form
         try:
