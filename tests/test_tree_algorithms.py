@@ -606,7 +606,7 @@ def greedy_reference(smollm):
     from jetflow.head import DraftHead, HeadConfig
 
     ids = encode_prompt(smollm.tokenizer, load_prompts("mtbench", limit=1)[0].chat)
-    gen = smollm.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32,
+    gen = smollm.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
                                 pad_token_id=smollm.tokenizer.pad_token_id)
     torch.manual_seed(0)
     return ids, gen[0, len(ids):].tolist(), DraftHead(HeadConfig.for_target(smollm))
