@@ -58,8 +58,7 @@ test-cluster: setup model
 	$(BIN)/python -m pytest -q tests -m cluster
 
 # The other end of the supported transformers range: vLLM 0.33.0 pins transformers <5.21, so the paths a
-# change to the model-forward API would break run again in a second environment on transformers 5.20.2, with
-# the same CPU torch wheel: the fast tests of the target forward + cache, sampling, the engine, head formats and
+# change to the model-forward API would break run again on transformers 5.20.2: the fast tests of the target forward + cache, sampling, the engine, head formats and
 # export, and on the real target (slow tests, named) tree verify and the KV cache, one lossless tree decode from a
 # random head and one from the noisy oracle, and batched regeneration. (The whole of those files on the real
 # target took ~20 min on the slower CI host class: it is what make test runs on the main environment.)
@@ -73,18 +72,23 @@ COMPAT_SLOW := tests/test_target.py::test_tree_node_logits_equal_running_its_roo
                "tests/test_decoder_lossless.py::test_deep_and_off_spine_acceptance_stays_token_identical[accum_logp-64-7]" \
                tests/test_train.py::test_batched_regeneration_equals_hf_generate_and_each_prompt_alone
 
-$(COMPAT)/.jetflow-setup: pyproject.toml Makefile
-	test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
-	$(COMPAT)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT)/bin/python -m pip install -q torch==2.13.0
-	$(COMPAT)/bin/python -m pip install -q -e '.[dev]' '$(COMPAT_TRANSFORMERS)'
-	$(COMPAT)/bin/python -m pip install -q --no-deps $(BUNDLED)
+# transformers 5.20.2 alone (--no-deps) in a folder put before .venv's site-packages: every other package is
+# the main environment's, which satisfies its requirements (checked below) as a second venv resolved the same
+# way would (a second venv cost ~4 min of CI: a second torch wheel and the whole stack installed again).
+$(COMPAT)/.jetflow-setup: pyproject.toml Makefile | setup
+	rm -rf $(COMPAT)
+	$(BIN)/python -m pip install -q --no-deps --target $(COMPAT) '$(COMPAT_TRANSFORMERS)'
 	touch $@
 
 test-compat: $(COMPAT)/.jetflow-setup model
-	$(COMPAT)/bin/python -c 'import transformers as t; assert t.__version__ == "$(COMPAT_TRANSFORMERS)".split("==")[1], t.__version__'
-	$(COMPAT)/bin/python -m pytest -q $(XDIST) $(COMPAT_TESTS) -m "not slow"
-	$(COMPAT)/bin/python -m pytest -q $(XDIST) $(COMPAT_SLOW)
+	PYTHONPATH=$(COMPAT) $(BIN)/python -c 'import transformers as t; from importlib.metadata import distribution, \
+	    version; from packaging.requirements import Requirement; \
+	    assert t.__version__ == "$(COMPAT_TRANSFORMERS)".split("==")[1], t.__version__; \
+	    bad = [str(r) for r in map(Requirement, distribution("transformers").requires or []) \
+	           if r.marker is None and not r.specifier.contains(version(r.name), prereleases=True)]; \
+	    assert not bad, f"transformers {t.__version__} needs {bad}"; print("transformers", t.__version__, t.__file__)'
+	PYTHONPATH=$(COMPAT) $(BIN)/python -m pytest -q $(XDIST) $(COMPAT_TESTS) -m "not slow"
+	PYTHONPATH=$(COMPAT) $(BIN)/python -m pytest -q $(XDIST) $(COMPAT_SLOW)
 
 # Proves `.[vllm,dev]` resolves (vLLM 0.33.0 with this project's pins) without installing or downloading
 # GPU wheels: a dry run in a fresh venv. The index serves no separate wheel metadata (PEP 658), so plain
