@@ -434,17 +434,25 @@ def test_the_engine_benchmark_runs_small_and_reports_what_it_claims(smollm, tmp_
     and end-to-end rates, the prediction with and without prefill, and a replica's RSS from a fresh process."""
     import json
     import os
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     from jetflow.paths import models_dir
+    from jetflow.target.projection import choices_file
 
     root = Path(__file__).resolve().parents[1]
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(models_dir(), target_is_directory=True)
-    env = {**os.environ, "JETFLOW_HOME": str(home), "OMP_NUM_THREADS": "2",
+    # the host's LM-head choices, where an earlier process timed them (tests/test_projection.py tests the timing)
+    forms = choices_file()
+    if forms.exists():
+        (home / "cache").mkdir()
+        shutil.copy(forms, home / "cache" / forms.name)
+    # one OpenMP thread, as each pytest-xdist worker has (two wait on each other on a core the other worker uses)
+    env = {**os.environ, "JETFLOW_HOME": str(home), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(root / "platform") + os.pathsep + str(root)}
     result = subprocess.run([sys.executable, str(root / "benchmarks" / "engine.py"), "--head", "random", "--budget", "4",
                              "--concurrency", "1,2", "--requests", "2", "--prompts", "1", "--new-tokens", "4",

@@ -268,7 +268,9 @@ def test_a_training_that_fails_leaves_a_failed_run(store, data, model_dir, ray_c
         shutil.copy(features / name, broken / name)
     out = store / "heads" / "fails"
     with pytest.raises(TrainingFailedError):
-        train_on_ray(small_config("fails", 4), str(model_dir), broken, out, storage=tmp_path / "ray", progress_s=None)
+        # max_failures=0: the failure is deterministic, so Ray Train's retries (2 by default) would only repeat it
+        train_on_ray(small_config("fails", 4), str(model_dir), broken, out, storage=tmp_path / "ray", progress_s=None,
+                     max_failures=0)
     assert recorded_run(out).info.status == "FAILED"
 
 
