@@ -13,13 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # One OpenMP thread, as each pytest-xdist worker has: two threads on a core the other worker keeps busy wait on
 # each other at every parallel region (make test's wall time, not what these check).
+ENV = {"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
                              "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
-                            env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                            env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
@@ -53,7 +54,7 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
 def test_gpu_profile_runs_quick_on_cpu_and_labels_every_engine_phase(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--device", "cpu", "--quick",
                              "--steps", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
-                            env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                            env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_profile.json").read_text())
     assert set(report["cases"]) == {"engine-b1-n16", "engine-b1-plain", "target-step"}
