@@ -16,9 +16,9 @@ import os
 import sys
 
 from jetflow.config_cli import add_dataclass_args, build_config, overrides, parse_args
-from jetflow.data.regenerate import RegenConfig, regenerate
+from jetflow.data.regen_config import RegenConfig
 from jetflow.errors import InvalidSettingError, JetFlowError
-from jetflow.train.pipeline import PRESETS, DatagenJob, build_features_on_worker
+from jetflow.train.jobs import DatagenJob
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     add_dataclass_args(p, RegenConfig, "regeneration (override the preset)")
     args = parse_args(p, argv)
     try:
+        from jetflow.data.regenerate import regenerate
+        from jetflow.train.pipeline import PRESETS, build_features_on_worker
+
         job = build_config(DatagenJob, args)
         if job.preset not in PRESETS:
             raise InvalidSettingError(f"unknown preset {job.preset!r}; known: {', '.join(PRESETS)}")

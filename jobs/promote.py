@@ -24,7 +24,7 @@ from jetflow.errors import JetFlowError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jetflow.tracking.promotion import PromoteJob
+    from jetflow.tracking.jobs import PromoteJob
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(p, PromoteJob, "promotion")

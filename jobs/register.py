@@ -21,7 +21,7 @@ from jetflow.errors import HeadNotFoundError, JetFlowError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jetflow.tracking.runs import RegisterJob
+    from jetflow.tracking.jobs import RegisterJob
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(p, RegisterJob, "registration")

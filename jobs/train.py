@@ -19,7 +19,7 @@ import sys
 from jetflow.config_cli import add_dataclass_args, build_config, overrides, parse_args
 from jetflow.errors import JetFlowError
 from jetflow.train.config import TrainConfig
-from jetflow.train.pipeline import TrainJob, run_pipeline
+from jetflow.train.jobs import TrainJob
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     add_dataclass_args(p, TrainConfig, "training (override the preset)")
     args = parse_args(p, argv)
     try:
+        from jetflow.train.pipeline import run_pipeline
+
         job = build_config(TrainJob, args)
         out = run_pipeline(job.preset, name=args.name, model=job.model, use_ray=job.ray, workers=job.workers,
                            features=job.features, device=job.device, dtype=job.dtype,

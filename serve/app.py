@@ -21,11 +21,18 @@ import time
 from pydantic import ValidationError
 
 from jetflow.config_cli import parse_args
-from jetflow.serving.app import build_app
 from jetflow.serving.config import ServeConfig, add_arguments, from_arguments
 
-# `serve run serve.app:app` imports this: a bound application, nothing loaded until it is deployed.
-app = build_app(ServeConfig())
+
+def __getattr__(name: str):
+    """`app`, what `serve run serve.app:app` reads: the bound application (defaults), nothing loaded until it is
+    deployed. Built on first use, so that `python serve/app.py --help` imports no Ray."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from jetflow.serving.app import build_app
+
+    globals()["app"] = application = build_app(ServeConfig())
+    return application
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from jetflow.errors import JetFlowError
+    from jetflow.serving.app import build_app
 
     local = args.address == "local"
     if local:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetflow.config_cli import add_dataclass_args, build_config, spilled_words
-from jetflow.decode.sampling import DecodeConfig
+from jetflow.decode.config import DecodeConfig
 from jetflow.errors import InvalidSettingError, JetFlowError
 from jetflow.tree import TreeSpec
 

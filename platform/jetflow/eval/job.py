@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from jetflow.errors import InvalidSettingError
-from jetflow.eval.compare import EvalConfig
+from jetflow.eval.config import EvalConfig
 
 
 @dataclass

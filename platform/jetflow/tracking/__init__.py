@@ -4,26 +4,19 @@ runs with lineage, heads registered as model versions with aliases, and the prom
 Default store: absolute sqlite at `$JETFLOW_HOME/mlflow.db`; `MLFLOW_TRACKING_URI` overrides (an MLflow
 server on a cluster)."""
 
-from jetflow.tracking.promotion import GATE_METRICS, PromotionDecision, promote
-from jetflow.tracking.registry import (
-    CHALLENGER,
-    CHAMPION,
-    PREVIOUS_CHAMPION,
-    RegisteredHead,
-    find_version,
-    register_head,
-    registered_model_name,
-    resolve_alias,
-    resolve_head_uri,
-    set_alias,
-    set_serving_evidence,
-    set_serving_profile,
-    set_tree_profile,
-    set_tree_config,
-)
-from jetflow.tracking.report import EvalReport, validate_report
-from jetflow.tracking.runs import log_evaluation, log_training_run, register_head_folder
-from jetflow.tracking.store import experiment_for, tracking_uri
+from jetflow.exports import lazy_exports
+
+# Imported on first use: `jetflow.tracking.jobs` alone (`jobs/promote.py --help`, `jobs/register.py --help`)
+# imports no MLflow.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".promotion": ("GATE_METRICS", "PromotionDecision", "promote"),
+    ".registry": ("CHALLENGER", "CHAMPION", "PREVIOUS_CHAMPION", "RegisteredHead", "find_version", "register_head",
+                  "registered_model_name", "resolve_alias", "resolve_head_uri", "set_alias", "set_serving_evidence",
+                  "set_serving_profile", "set_tree_profile", "set_tree_config"),
+    ".report": ("EvalReport", "validate_report"),
+    ".runs": ("log_evaluation", "log_training_run", "register_head_folder"),
+    ".store": ("experiment_for", "tracking_uri"),
+})
 
 __all__ = [
     "CHALLENGER", "CHAMPION", "GATE_METRICS", "PREVIOUS_CHAMPION", "EvalReport", "PromotionDecision",

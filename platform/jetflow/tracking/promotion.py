@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from mlflow.entities import Run
 
 from jetflow.errors import InvalidSettingError
+from jetflow.tracking.jobs import PromoteJob  # noqa: F401  (its old import path)
 from jetflow.metrics import HEAD_METHODS, parse_metric_key
 from jetflow.tracking.registry import (
     CHALLENGER,
@@ -36,22 +37,6 @@ GATE_METRICS = {"speedup": "speedup_vs_ar", "tau": "tau"}
 LOSSLESS = "lossless"
 GATE_TAG = "jetflow.last_gate"
 _EVAL_HINT = "evaluate it first (jobs/evaluate.py, which logs an eval run tagged with the version)"
-
-
-@dataclass
-class PromoteJob:
-    """`jobs/promote.py`'s options."""
-
-    target: str = "smollm2-135m"         # target id whose registered heads to promote among
-    version: str = ""                    # challenger: a version number, or an alias such as challenger (required)
-    metric: str = "speedup"              # what the challenger must beat the champion on: speedup (vs AR) or tau
-    margin: float = 0.02                 # relative margin, 0.02 = 2 % better
-    eval_sets: list[str] = field(default_factory=list)  # eval sets to compare on (default: all shared)
-    json: bool = False                   # print the decision as JSON
-
-    def __post_init__(self) -> None:
-        if not self.version:
-            raise InvalidSettingError("--version is required: a version number or an alias such as challenger")
 
 
 @dataclass

@@ -10,7 +10,6 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from matplotlib.figure import Figure
 from mlflow.exceptions import MlflowException
 
 from jetflow.errors import HeadMismatchError, HeadNotFoundError, InvalidSettingError
+from jetflow.tracking.jobs import RegisterJob  # noqa: F401  (its old import path)
 from jetflow.tracking import plots, registry
 from jetflow.metrics import BASELINE_METHODS
 from jetflow.tracking.report import EvalReport, validate_report
@@ -351,25 +351,6 @@ def sweep_parent_run(target_id: str, location, run_name: str, kind: str, params:
 
 
 # --------------------------------------------------------------------------- folder → registered version
-@dataclass
-class RegisterJob:
-    """`jobs/register.py`'s options."""
-
-    head: str = ""                       # head folder, or a name under $JETFLOW_HOME/heads/ (required)
-    target: str | None = None            # target id (default: the one in the head's config.json)
-    revision: str | None = None          # target revision (default: the one in the head's config.json)
-    alias: str | None = None             # also point this alias at the version: challenger (skipped if it is
-                                         # already the champion)
-    run_name: str | None = None          # name of the training run (default: train <folder name>)
-
-    def __post_init__(self) -> None:
-        if not self.head:
-            raise InvalidSettingError("--head is required: a head folder or a name under $JETFLOW_HOME/heads/")
-        if self.alias not in (None, "challenger"):
-            raise InvalidSettingError(f"--alias may only be challenger (champion moves through the gate), "
-                                      f"got {self.alias!r}")
-
-
 def register_head_folder(head_dir: str | Path, target_id: str, target_revision: str,
                          run_name: str | None = None) -> tuple[str, bool]:
     """(version, created): the registered version holding exactly these weights, logging a training run

@@ -7,8 +7,9 @@ from typing import Any
 
 from jetflow.errors import InvalidSettingError
 from jetflow.head.config import HeadArch, HeadConfig
-from jetflow.train.losses import LOSSES
 from jetflow.tree import TreeSpec
+
+LOSSES = ("fkl", "ce", "rkl")  # the per-depth losses (`jetflow.train.losses`); named here, where they are chosen
 
 
 @dataclass(kw_only=True)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from jetflow.errors import InvalidSettingError
-
-LOSSES = ("fkl", "ce", "rkl")
+from jetflow.train.config import LOSSES
 
 
 def depth_weights(depth: int, gamma: float, device=None) -> torch.Tensor:

@@ -15,6 +15,7 @@ from jetflow.errors import InvalidSettingError
 from jetflow.paths import heads_dir
 from jetflow.provenance import provenance
 from jetflow.train.config import TrainConfig
+from jetflow.train.jobs import DatagenJob, TrainJob  # noqa: F401  (their old import path)
 from jetflow.tree import TreeSpec
 
 
@@ -80,31 +81,6 @@ PRESETS: dict[str, Preset] = {
 # shortcut, the per-depth input and copy inputs. Its τ beside the demo head's is what vLLM compatibility costs.
 PRESETS["demo-vllm"] = replace(PRESETS["demo"], train=TrainConfig.from_overrides(PRESETS["demo"].train, {
     "name": "demo-vllm", "tap_norm": False, "anchor_shortcut": False, "depth_embedding": False, "copy_ngram": 0}))
-
-
-@dataclass
-class TrainJob:
-    """`jobs/train.py`'s own options; the training options (`TrainConfig`) override the preset's."""
-
-    preset: str = "demo"                 # data + training sizes: smoke, demo, demo-vllm (a head vLLM serves) or long
-    model: str = "smollm2-135m"          # target: bundled name, local folder or hub id
-    workers: int = 1                     # Ray Train workers
-    ray: bool = True                     # train under Ray Train (false: in this process)
-    features: str = "cache"              # cache: tapped features stored once under $JETFLOW_HOME/features (shared
-                                         # by sweep trials); online: computed each epoch (no feature disk)
-    device: str | None = None            # cpu, cuda, cuda:N for datagen, features and training (default: cuda when
-                                         # a GPU is visible; Ray Train then gives each worker a GPU, DDP over NCCL)
-    dtype: str | None = None             # the frozen target's: fp32, bf16, fp16 (default bf16 on a GPU, fp32 on a
-                                         # CPU); the head trains in fp32 either way
-
-
-@dataclass
-class DatagenJob:
-    """`jobs/datagen.py`'s own options; the regeneration options (`RegenConfig`) override the preset's."""
-
-    preset: str = "demo"                 # base settings: smoke, demo, demo-vllm or long
-    features: bool = True                # also build the feature cache (false: only regenerate)
-    feature_max_len: int | None = None   # tokens per sequence in the feature cache (default: the preset's)
 
 
 def run_pipeline(preset: str, name: str | None = None, model: str = "smollm2-135m", use_ray: bool = True,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(eq=False)
@@ -84,7 +87,11 @@ class DraftTree:
         return anc
 
     def token_tensor(self, device=None) -> torch.Tensor:
+        import torch  # here, not at the top: option classes hold a TreeSpec, and `--help` must not load torch
+
         return torch.tensor(self.tokens, dtype=torch.long, device=device)
 
     def depth_tensor(self, device=None) -> torch.Tensor:
+        import torch
+
         return torch.tensor(self.depths, dtype=torch.long, device=device)
