@@ -9,6 +9,10 @@ tagged with the registered version): the challenger must be lossless and beat th
 τ) on the same eval sets by more than the relative margin. With no champion yet, a lossless challenger
 becomes champion. The old champion stays reachable as alias `previous-champion`.
 
+Running Serve replicas that follow the alias (serve/app.py, serve/config.yaml with no explicit head) re-read it
+every `champion_poll_s` (30 s by default) and serve the new champion from their next request on; requests
+already running finish on the head they started with. No redeploy.
+
 Exit status: 0 promoted (or already the champion), 1 refused (the reason is printed), 2 bad input.
 """
 
@@ -39,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"promote: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(asdict(decision), indent=2) if job.json else decision.summary())
+    if decision.promoted and not job.json:
+        print(f"serving: replicas following {decision.name}@champion serve v{decision.challenger_version} from "
+              "their next request after their next registry read (every champion_poll_s, 30 s by default); "
+              "running requests finish on the head they started with")
     return 0 if decision.promoted or decision.champion_version == decision.challenger_version else 1
 
 

@@ -9,7 +9,10 @@
     serve deploy serve/config.yaml                       # onto a running cluster (`ray start --head` first)
 
 Then: `curl 127.0.0.1:8000/v1/models`, or the `openai` client with base_url http://127.0.0.1:8000/v1.
-Prometheus metrics (ray_jetflow_*, ray_serve_*) are on 127.0.0.1:<--metrics-port>/metrics.
+With --api-key (better: $JETFLOW_API_KEY, which `ps` does not show) clients send it as their api_key
+(`Authorization: Bearer ...`); binding an address other machines reach without one prints a warning.
+Prometheus metrics (ray_jetflow_*, ray_serve_*) are on 127.0.0.1:<--metrics-port>/metrics with the local Ray
+this script starts; on a cluster (--address) each node exports its own (Ray's metrics export port).
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from jetflow.errors import JetFlowError
     from jetflow.serving.app import build_app
+    from jetflow.serving.auth import exposure_warning, key_from_env
+
+    warning = exposure_warning(args.host, key_from_env(cfg).api_key)
+    if warning:
+        print(f"serve: warning: {warning}", file=sys.stderr, flush=True)
 
     local = args.address == "local"
     if local:

@@ -6,7 +6,9 @@ official `openai` client. Three applications share one Serve instance:
   must equal the reference decoder's, alone or with others in the batch;
 - "plain" reads an empty registry: no champion, plain decoding, said so; autoscaled 1 → 2 replicas;
 - "tiny" has one slot, no queue and a 2-second deadline, under the load-aware policy (given a cost curve):
-  the 429, deadline and replica-death paths.
+  the 429, deadline and replica-death paths;
+- "live" (started by the tests that use it) follows the champion of a registry of its own, polled every
+  second, and wants an API key: a promotion under running streams, and auth.
 
 Plus the parts that need no server: incremental detokenization, request and config validation.
 """
@@ -61,16 +63,16 @@ class Served:
     logs: Path               # Ray session logs (Serve replica logs under serve/)
     champion: str            # models:/NAME/VERSION
 
-    def client(self, app: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/{app}/v1", api_key="unused", max_retries=0, timeout=HANG_S)
+    def client(self, app: str, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/{app}/v1", api_key=api_key, max_retries=0, timeout=HANG_S)
 
     def post(self, app: str, path: str, body, **kw) -> requests.Response:
         data = body if isinstance(body, (str, bytes)) else json.dumps(body)
         return requests.post(f"{self.url}/{app}{path}", data=data, timeout=HANG_S,
                              headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
 
-    def get(self, app: str, path: str) -> dict:
-        r = requests.get(f"{self.url}/{app}{path}", timeout=HANG_S)
+    def get(self, app: str, path: str, headers: dict | None = None) -> dict:
+        r = requests.get(f"{self.url}/{app}{path}", timeout=HANG_S, headers=headers)
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -605,3 +607,180 @@ def test_the_deploy_config_validates_against_ray_and_our_schema():
     assert app["import_path"] == "jetflow.serving.app:build_app"
     cfg = ServeConfig.model_validate(app["args"])
     assert cfg.head is None and cfg.alias == "champion" and cfg.max_replicas > cfg.min_replicas
+
+
+# ------------------------------------------------------------------------- a live champion, an API key
+
+LIVE_KEY = "sk-jetflow-test-7c1e0f3a9b2d4e65"
+LIVE_AUTH = {"authorization": f"Bearer {LIVE_KEY}"}
+LIVE_POLL_S = 1.0
+LIVE_MAX = 80                        # tokens of a stream that outlasts a promotion's pick-up (~1.3 s here)
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # greedy counting goes on: no early stop
+
+
+@dataclass
+class Live:
+    store: str                       # the "live" app's own registry (so "spec"'s champion stays put)
+    name: str                        # its registered model
+    versions: tuple[str, str]        # v1 (champion at start), v2
+
+
+def _register_random_version(target, folder: Path, seed: int) -> str:
+    from jetflow.head import DraftHead, HeadConfig, save_head
+    from jetflow.tracking import log_training_run, register_head
+
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig.for_target(target, block_size=4, num_hidden_layers=1))
+    return register_head(log_training_run(save_head(head, folder / f"head-{seed}"), TARGET, target.revision), TARGET)
+
+
+@pytest.fixture(scope="module")
+def live(served, smollm, tmp_path_factory):
+    from ray import serve
+
+    from jetflow.serving.app import build_app
+    from jetflow.tracking import CHAMPION, registered_model_name, set_alias, set_tree_config
+
+    folder = tmp_path_factory.mktemp("live_registry")
+    store = f"sqlite:///{folder / 'mlflow.db'}"
+    name = registered_model_name(TARGET)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", store)
+        versions = tuple(_register_random_version(smollm, folder, seed) for seed in (1, 2))
+        for v in versions:
+            set_tree_config(name, v, TREE)
+        set_alias(name, CHAMPION, versions[0], bypass_gate=True)
+    serve.run(build_app({**COMMON, "tracking_uri": store, "champion_poll_s": LIVE_POLL_S, "api_key": LIVE_KEY,
+                         "max_tokens": LIVE_MAX}), name="live", route_prefix="/live")
+    try:
+        yield Live(store, name, versions)
+    finally:
+        serve.delete("live")
+
+
+def _promote(live: Live, version: str) -> None:
+    from jetflow.tracking import CHAMPION, set_alias
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", live.store)
+        set_alias(live.name, CHAMPION, version, bypass_gate=True)
+
+
+@pytest.mark.slow
+def test_a_promotion_reaches_the_running_replica_and_streams_under_way_finish_on_their_head(served, live):
+    v1, v2 = live.versions
+    client = served.client("live", api_key=LIVE_KEY)
+    info = client.models.list().data[0].model_extra["jetflow"]
+    assert info["head_version"] == v1 and info["follows"] == {"alias": "champion", "poll_s": LIVE_POLL_S}
+    finished: dict[int, list] = {}
+
+    def stream(i: int) -> None:
+        finished[i] = list(client.completions.create(model=TARGET, prompt=COUNTING, max_tokens=LIVE_MAX,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + HANG_S
+        while served.get("live", "/healthz")["active"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _promote(live, v2)
+        t0 = time.monotonic()
+        while client.models.list().data[0].model_extra["jetflow"]["head_version"] != v2:
+            assert time.monotonic() - t0 < HANG_S, "the replica never picked the new champion up"
+            time.sleep(0.1)
+        picked_up_s = time.monotonic() - t0
+        health = served.get("live", "/healthz")
+        assert not finished and health["active"] == 2 and health["engines"] == 2, (finished, health)
+    finally:
+        for t in threads:
+            t.join(HANG_S)
+    assert picked_up_s < LIVE_POLL_S + 30
+    for chunks in finished.values():                  # the streams under way: complete, and all on v1
+        usage = chunks[-1].usage
+        assert chunks[-2].choices[0].finish_reason == "length" and usage.completion_tokens == LIVE_MAX
+        assert usage.model_extra["jetflow"]["head_version"] == v1
+        assert usage.model_extra["jetflow"]["head"] == f"models:/{live.name}/{v1}"
+    later = client.completions.create(model=TARGET, prompt=CODE, max_tokens=4, temperature=0)
+    stats = later.usage.model_extra["jetflow"]
+    assert stats["head_version"] == v2 and stats["head"] == f"models:/{live.name}/{v2}" and stats["speculative"]
+    assert served.get("live", "/healthz")["engines"] == 1     # the old engine went once its requests ended
+    assert _replica_log_line(served, "live", f"now serving head models:/{live.name}/{v2}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer sk-wrong"}, {"authorization": LIVE_KEY}],
+                         ids=["missing", "wrong", "not bearer"])
+def test_a_request_without_the_api_key_gets_openais_401_body_before_anything_else(served, live, headers):
+    for method, path, body in (("POST", "/v1/chat/completions", {**GOOD, "max_tokens": 2}),
+                               ("POST", "/v1/completions", "{not json"),   # refused before the body is read
+                               ("GET", "/v1/models", None)):
+        r = requests.request(method, f"{served.url}/live{path}", timeout=HANG_S,
+                             data=body if isinstance(body, str) or body is None else json.dumps(body),
+                             headers={"content-type": "application/json", **headers})
+        assert r.status_code == 401, (path, r.text)
+        err = r.json()["error"]
+        assert set(r.json()) == {"error"} and set(err) == {"message", "type", "param", "code"}
+        assert err["type"] == "invalid_request_error" and err["code"] == "invalid_api_key" and err["param"] is None
+        assert "API key" in err["message"] and LIVE_KEY not in err["message"]
+
+
+@pytest.mark.slow
+def test_with_an_api_key_healthz_stays_open_the_key_serves_and_no_log_holds_it(served, live):
+    assert served.get("live", "/healthz")["status"] == "ok"                      # no key: a probe's route
+    with pytest.raises(openai.AuthenticationError):
+        served.client("live", api_key="sk-wrong").models.list()
+    slow = served.post("live", "/v1/completions", {"model": TARGET, "prompt": COUNTING, "max_tokens": 32,
+                                                    "temperature": 0, "stream": True}, stream=True, headers=LIVE_AUTH)
+    try:
+        assert slow.status_code == 200
+        lines = slow.iter_lines()
+        next(lines)
+        for _ in range(3):                                     # refused requests beside a running stream ...
+            assert served.post("live", "/v1/completions", {"model": TARGET, "prompt": "x"}).status_code == 401
+        assert b"".join(lines).endswith(b"data: [DONE]")       # ... leave it alone
+    finally:
+        slow.close()
+    reply = served.client("live", api_key=LIVE_KEY).completions.create(model=TARGET, prompt=CODE, max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    time.sleep(1)                                              # the replicas' log flush
+    leaked = [str(p) for p in served.logs.rglob("*") if p.is_file() and LIVE_KEY.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+
+def test_the_api_key_never_shows_in_the_configs_repr_dump_or_errors(monkeypatch):
+    from jetflow.serving.auth import key_from_env
+
+    cfg = ServeConfig.model_validate({"api_key": LIVE_KEY})
+    assert cfg.api_key.get_secret_value() == LIVE_KEY
+    assert ServeConfig.model_validate(cfg.model_dump()) == cfg                   # what a replica receives
+    for text in (repr(cfg), str(cfg), json.dumps(cfg.model_dump(mode="json"))):
+        assert LIVE_KEY not in text
+    with pytest.raises(ValidationError) as err:
+        ServeConfig.model_validate({"api_key": LIVE_KEY, "min_replicas": 3, "max_replicas": 2})
+    assert LIVE_KEY not in str(err.value)
+    monkeypatch.setenv("JETFLOW_API_KEY", LIVE_KEY)
+    assert key_from_env(ServeConfig()).api_key.get_secret_value() == LIVE_KEY
+    assert key_from_env(cfg.model_copy(update={"api_key": None})).api_key.get_secret_value() == LIVE_KEY
+    monkeypatch.delenv("JETFLOW_API_KEY")
+    assert key_from_env(ServeConfig()).api_key is None
+
+
+@pytest.mark.parametrize("host, key, warns", [("0.0.0.0", None, True), ("10.0.0.5", None, True), ("::", None, True),
+                                              ("0.0.0.0", LIVE_KEY, False), ("127.0.0.1", None, False),
+                                              ("localhost", None, False), ("::1", None, False)])
+def test_serve_warns_at_start_when_it_binds_a_reachable_address_without_a_key(host, key, warns, tmp_path, capsys,
+                                                                                monkeypatch):
+    import runpy
+
+    monkeypatch.delenv("JETFLOW_API_KEY", raising=False)
+    if key:
+        monkeypatch.setenv("JETFLOW_API_KEY", key)
+    main = runpy.run_path(str(Path(__file__).parents[1] / "serve" / "app.py"), run_name="under_test")["main"]
+    code = main(["--host", host, "--head", str(tmp_path / "nope")])   # stops at the missing head, before Ray
+    err = capsys.readouterr().err
+    assert code == 2 and "no head" in err
+    assert ("serve: warning: binding" in err and "JETFLOW_API_KEY" in err) is warns, err
+    assert LIVE_KEY not in err

@@ -6,8 +6,9 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (both with SSE streaming), GET /v1/models,
 GET /healthz. Every error is an OpenAI error body: 400 for a bad request (malformed JSON, schema,
-ranges, prompt too long, max_tokens over the cap), 404 for an unknown model or route, never a 500
-for anything a client can send.
+ranges, prompt too long, max_tokens over the cap), 401 for a missing or wrong API key (when the app has
+one; /healthz needs none), 404 for an unknown model or route, never a 500 for anything a client can send.
+With no explicit head a replica follows the registry's alias (`jetflow.serving.champion`).
 """
 
 # No `from __future__ import annotations` here: Ray Serve reads `build_app`'s parameter annotation
@@ -30,8 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jetflow.engine import RequestTimeoutError
 from jetflow.errors import JetFlowError, PromptTooLongError, UnknownModelError
+from jetflow.serving.auth import BearerAuth, key_from_env, set_replica_key
 from jetflow.serving.config import ServeConfig
-from jetflow.serving.engine import Event, GenerationEngine, QueueFullError, request_error
+from jetflow.serving.engine import EngineLoop, Event, GenerationEngine, QueueFullError, request_error
 from jetflow.serving.selection import check_head_exists
 from jetflow.serving.schema import (
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChunkChoice,
@@ -104,6 +106,10 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
                           type_="server_error")
 
 
+# before routing and body parsing: a request without the key learns nothing, not even a 400
+api.add_middleware(BearerAuth)
+
+
 # ------------------------------------------------------------------------------- deployment
 
 
@@ -132,7 +138,8 @@ async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Even
 @serve.ingress(api)
 class JetFlowServer:
     """One replica: the target, the chosen head and a GenerationEngine — the batched engine, stepped by its
-    own thread; requests join and leave its batch at every step."""
+    own thread; requests join and leave its batch at every step. Following the registry's alias, it swaps in a
+    new GenerationEngine when the alias moves: each request keeps the one it started on."""
 
     def __init__(self, config: dict):
         import psutil
@@ -144,6 +151,7 @@ class JetFlowServer:
         from jetflow.target.placement import placement
 
         cfg = ServeConfig.model_validate(config)
+        set_replica_key(cfg.api_key)
         if cfg.tracking_uri:  # this replica's process reads the registry from there
             os.environ["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
         check_registry_reachable(cfg)  # before the weights load
@@ -152,15 +160,9 @@ class JetFlowServer:
         device, dtype = placement(cfg.device or ("cuda" if cfg.replica_gpus > 0 else "cpu"), cfg.dtype)
         target = TargetModel.load(cfg.model, device=device, dtype=dtype)
         choice = choose_head(cfg, target)
-        curve = None
-        if choice.speculative and cfg.policy == "auto":
-            from jetflow.engine.cost import StepCostCurve, cached_step_curve
-
-            curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else
-                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget))
-        engine = GenerationEngine(target, choice, cfg, cost_curve=curve, budget_table=choice.budget_table,
-                                  tau_prior=choice.tau_prior)
-        self.cfg, self.engine, self.metrics = cfg, engine, ServingMetrics()
+        self.cfg, self.target, self.metrics = cfg, target, ServingMetrics()
+        self.loop = EngineLoop(target.tokenizer)
+        self.engine = self._engine_for(choice)   # what a new request runs on; swapped when the alias moves
         self.model_id = cfg.served_name or target.model_id
         self._process = psutil.Process()
         self._created = int(time.time())
@@ -170,29 +172,64 @@ class JetFlowServer:
                      choice.label, choice.tree.to_dict(), torch.get_num_threads())
         else:
             log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision, choice.note)
+        self._follower = None
+        if cfg.head is None and cfg.champion_poll_s > 0:
+            from jetflow.serving.champion import ChampionFollower
+
+            self._follower = ChampionFollower(cfg, target, choice.version, self._switch)
+
+    def _engine_for(self, choice) -> GenerationEngine:
+        """A GenerationEngine serving `choice` on this replica's loop (its head moved to the target's device; the
+        auto policy's step cost curve: given, else measured once per machine and head shape)."""
+        cfg, target = self.cfg, self.target
+        if choice.head is not None:
+            choice.head.to(device=target.device, dtype=target.dtype)
+        curve = None
+        if choice.speculative and cfg.policy == "auto":
+            from jetflow.engine.cost import StepCostCurve, cached_step_curve
+
+            curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else
+                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget))
+        return GenerationEngine(target, choice, cfg, self.loop, cost_curve=curve, budget_table=choice.budget_table,
+                                tau_prior=choice.tau_prior)
+
+    def _switch(self, choice) -> None:
+        """Serve `choice` from the next request on (called by the follower's thread). The new engine is built on
+        the engine thread between two steps, so running streams pause for that long and no target work runs
+        beside a step; the old engine keeps stepping its requests to their end, then is dropped."""
+        t0 = time.perf_counter()
+        new = self.loop.call(lambda: self._engine_for(choice)).result()
+        old, self.engine = self.engine, new
+        old.retire()
+        log.info("now serving %s: built in %.2f s on the engine thread; %d running requests finish on %s",
+                 f"head {choice.label}, tree {choice.tree.to_dict()}" if choice.speculative else
+                 f"plain decoding ({choice.note})", time.perf_counter() - t0, old.active + old.queued,
+                 old.choice.label or "plain decoding")
 
     # ------------------------------------------------------------------ info routes
     def check_health(self) -> None:
         """Serve's replica health check: a dead or stuck engine thread makes the replica unhealthy (Serve
         then replaces it)."""
-        ok, why = self.engine.loop.healthy()
+        ok, why = self.loop.healthy()
         if not ok:
             raise RuntimeError(why)
 
     @api.get("/healthz")
     def healthz(self) -> JSONResponse:
         """Liveness plus what a load test wants to see: running and queued generations, resident memory."""
-        ok, why = self.engine.loop.healthy()
+        ok, why = self.loop.healthy()
         body = {"status": "ok" if ok else why, "model": self.model_id, "speculative": self.engine.choice.speculative,
-                "active": self.engine.active, "queued": self.engine.queued, "slots": self.cfg.max_slots,
-                "steps": self.engine.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
+                "head_version": self.engine.choice.version, "engines": self.loop.engines,
+                "active": self.loop.active, "queued": self.loop.queued, "slots": self.cfg.max_slots,
+                "steps": self.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @api.get("/v1/models")
     def models(self) -> ModelList:
         choice = self.engine.choice
         info = {"target": self.engine.target.model_id, "revision": self.engine.target.revision,
-                "speculative": choice.speculative, "head": choice.label,
+                "speculative": choice.speculative, "head": choice.label, "head_version": choice.version,
+                "follows": ({"alias": self.cfg.alias, "poll_s": self.cfg.champion_poll_s} if self._follower else None),
                 "tree": choice.tree.to_dict() if choice.speculative else None, "note": choice.note,
                 "max_prompt_tokens": self.cfg.max_prompt_tokens, "max_tokens": self.cfg.max_tokens}
         return ModelList(data=[ModelCard(id=self.model_id, created=self._created, jetflow=info)])
@@ -214,14 +251,14 @@ class JetFlowServer:
         # Serve's request id: the client's x-request-id when it sent one, else the one Serve gave it (echoed
         # in the response's x-request-id header)
         rid = request.headers.get("x-request-id") or f"{os.getpid()}-{next(self._seq)}"
+        engine = self.engine  # this request's head and engine, to its end (a new champion serves the next one)
         try:
             if body.model != self.model_id:
                 raise request_error(UnknownModelError, f"model {body.model!r} is not served here; use "
                                     f"{self.model_id!r} (GET /v1/models)", "model")
-            ids = await asyncio.to_thread(self.engine.encode, prompt, chat)  # tokenizing off the event loop
-            dcfg = self.engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop,
-                                             body.seed)
-            events = self.engine.events(rid, ids, dcfg)
+            ids = await asyncio.to_thread(engine.encode, prompt, chat)  # tokenizing off the event loop
+            dcfg = engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop, body.seed)
+            events = engine.events(rid, ids, dcfg)
             first = await anext(events)  # the first tokens: request errors surface before any byte is sent
         except JetFlowError as exc:
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
@@ -230,12 +267,12 @@ class JetFlowServer:
         except asyncio.CancelledError:  # the client left: Serve cancels this call (the cancellation raised inside
             self._gone(endpoint, rid, t0, 0)  # `events` cancels the engine request there)
             raise
-        self.metrics.active.set(self.engine.active)
+        self.metrics.active.set(self.loop.active)
         log.info("%s %s: %d prompt tokens, max_tokens %d, temperature %s, stream %s", endpoint, rid, len(ids),
                  dcfg.max_new_tokens, dcfg.temperature, body.stream)
         if body.stream:
-            chunks = stream(rid, first, events, body.include_usage, self._first_text(endpoint, t0))
-            return StreamingResponse(self._timed(endpoint, rid, t0, chunks), media_type="text/event-stream")
+            chunks = stream(engine, rid, first, events, body.include_usage, self._first_text(endpoint, t0))
+            return StreamingResponse(self._timed(engine, endpoint, rid, t0, chunks), media_type="text/event-stream")
         gen, event = first.done, first
         try:
             if gen is None:
@@ -248,16 +285,17 @@ class JetFlowServer:
         except asyncio.CancelledError:
             self._gone(endpoint, rid, t0, event.tokens)
             raise
-        self._record(endpoint, rid, t0, gen)
-        return respond(rid, gen)
+        self._record(endpoint, rid, t0, gen, engine=engine)
+        return respond(engine, rid, gen)
 
-    def _record(self, endpoint: str, rid: str, t0: float, gen, status: int = 200) -> None:
+    def _record(self, endpoint: str, rid: str, t0: float, gen, status: int = 200,
+                engine: GenerationEngine | None = None) -> None:
         seconds = time.perf_counter() - t0
         self.metrics.finished(endpoint, status, seconds)
-        self.metrics.active.set(self.engine.active)
+        self.metrics.active.set(self.loop.active)
         if gen is not None:
             s = gen.stats
-            self.metrics.generation(self.engine.choice.speculative, s.tau, s.tokens_per_s, len(gen.token_ids))
+            self.metrics.generation(engine.choice.speculative, s.tau, s.tokens_per_s, len(gen.token_ids))
             log.info("%s %s done: %d tokens (%s), %d rounds, tau %.2f, %.1f tok/s, %.2f s", endpoint, rid,
                      len(gen.token_ids), gen.finish_reason, s.rounds, s.tau, s.tokens_per_s, seconds)
 
@@ -266,7 +304,8 @@ class JetFlowServer:
         self._record(endpoint, rid, t0, None, status=499)
         log.info("%s %s closed by the client after %d tokens", endpoint, rid, tokens)
 
-    async def _timed(self, endpoint: str, rid: str, t0: float, chunks: AsyncIterator[tuple[str, Event]]):
+    async def _timed(self, engine: GenerationEngine, endpoint: str, rid: str, t0: float,
+                     chunks: AsyncIterator[tuple[str, Event]]):
         """SSE bytes out; latency and a client that left early."""
         event = None
         try:
@@ -282,7 +321,7 @@ class JetFlowServer:
                                                        "server log", type="server_error"))
             yield _sse(body.model_dump())
             return
-        self._record(endpoint, rid, t0, event.done if event else None)
+        self._record(endpoint, rid, t0, event.done if event else None, engine=engine)
 
     def _first_text(self, endpoint: str, t0: float) -> Callable[[], None]:
         """Called by a stream at its first non-empty text: records time to first token once."""
@@ -296,17 +335,17 @@ class JetFlowServer:
         return mark
 
     # ------------------------------------------------------------------ OpenAI shapes
-    def _completion_response(self, rid: str, gen) -> CompletionResponse:
-        return CompletionResponse(id=f"cmpl-{rid}", model=self.model_id, usage=self.engine.usage(gen),
+    def _completion_response(self, engine: GenerationEngine, rid: str, gen) -> CompletionResponse:
+        return CompletionResponse(id=f"cmpl-{rid}", model=self.model_id, usage=engine.usage(gen),
                                   choices=[CompletionChoice(text=gen.text, finish_reason=gen.finish_reason)])
 
-    def _chat_response(self, rid: str, gen) -> ChatCompletionResponse:
+    def _chat_response(self, engine: GenerationEngine, rid: str, gen) -> ChatCompletionResponse:
         return ChatCompletionResponse(
-            id=f"chatcmpl-{rid}", model=self.model_id, usage=self.engine.usage(gen),
+            id=f"chatcmpl-{rid}", model=self.model_id, usage=engine.usage(gen),
             choices=[ChatChoice(message=AssistantMessage(content=gen.text), finish_reason=gen.finish_reason)])
 
-    async def _chat_stream(self, rid: str, first: Event, events: AsyncIterator[Event], include_usage: bool,
-                           on_text: Callable[[], None]):
+    async def _chat_stream(self, engine: GenerationEngine, rid: str, first: Event, events: AsyncIterator[Event],
+                           include_usage: bool, on_text: Callable[[], None]):
         cid = f"chatcmpl-{rid}"
 
         def chunk(delta: Delta, finish: str | None = None) -> str:
@@ -321,12 +360,12 @@ class JetFlowServer:
         gen = event.done
         yield chunk(Delta(), finish=gen.finish_reason), event
         if include_usage:
-            final = ChatCompletionChunk(id=cid, model=self.model_id, choices=[], usage=self.engine.usage(gen))
+            final = ChatCompletionChunk(id=cid, model=self.model_id, choices=[], usage=engine.usage(gen))
             yield _sse(final.model_dump(mode="json")), event
         yield _sse("[DONE]"), event
 
-    async def _completion_stream(self, rid: str, first: Event, events: AsyncIterator[Event], include_usage: bool,
-                                 on_text: Callable[[], None]):
+    async def _completion_stream(self, engine: GenerationEngine, rid: str, first: Event,
+                                 events: AsyncIterator[Event], include_usage: bool, on_text: Callable[[], None]):
         cid = f"cmpl-{rid}"
 
         def chunk(text: str, finish: str | None = None) -> str:
@@ -340,14 +379,16 @@ class JetFlowServer:
         gen = event.done
         yield chunk("", finish=gen.finish_reason), event
         if include_usage:
-            final = CompletionResponse(id=cid, model=self.model_id, choices=[], usage=self.engine.usage(gen))
+            final = CompletionResponse(id=cid, model=self.model_id, choices=[], usage=engine.usage(gen))
             yield _sse(final.model_dump(mode="json")), event
         yield _sse("[DONE]"), event
 
     def __del__(self):
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close()
+        follower, loop = getattr(self, "_follower", None), getattr(self, "loop", None)
+        if follower is not None:
+            follower.stop()
+        if loop is not None:
+            loop.close()
 
 
 def build_app(args: ServeConfig) -> Application:
@@ -356,6 +397,7 @@ def build_app(args: ServeConfig) -> Application:
     from jetflow.cluster import reachable_from_workers
 
     cfg = args if isinstance(args, ServeConfig) else ServeConfig.model_validate(args or {})
+    cfg = key_from_env(cfg)
     if cfg.tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": reachable_from_workers(cfg.tracking_uri)})
     check_head_exists(cfg)

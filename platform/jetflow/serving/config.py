@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator, model_validator
 
 from jetflow.tree import TreeSpec
 
@@ -20,7 +20,8 @@ TREE_OPTIONS = ("algorithm", "budget", "width")  # flat spellings of `tree` (com
 class ServeConfig(BaseModel):
     """One OpenAI-compatible JetFlow application (one deployment, autoscaled)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a validation error's text never carries the input, which may hold api_key
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     model: str = Field("smollm2-135m", description="target: bundled name, local HF folder or hub id")
     device: str | None = Field(None, description="cpu, cuda or cuda:N (default: cuda when the replica has a GPU "
@@ -31,9 +32,16 @@ class ServeConfig(BaseModel):
                           "'random' (random-init causal head, for testing), or 'none' (plain decoding); "
                           "unset = the registered head under --alias")
     alias: str = Field("champion", description="registry alias used when --head is unset")
+    champion_poll_s: float = Field(
+        30.0, ge=0, description="with --head unset, each replica re-reads --alias this often (seconds) and serves "
+                                "a newly promoted version from its next request on; requests already running "
+                                "finish on the head they started with. 0: read once, at the replica's start")
     tracking_uri: str | None = Field(None, description="MLflow store holding the registry (default: "
                                                        "$MLFLOW_TRACKING_URI, else $JETFLOW_HOME/mlflow.db)")
     served_name: str | None = Field(None, description="model id clients send (default: the target id)")
+    api_key: SecretStr | None = Field(None, description="clients must send 'Authorization: Bearer <key>' (OpenAI's "
+                                                        "401 otherwise; /healthz stays open). Default: "
+                                                        "$JETFLOW_API_KEY where the app is built; unset: no auth")
     tree: TreeSpec | None = Field(None, description="tree setting {algorithm, budget, width, params}; default: the "
                                                     "registered head's stored setting, else TreeSpec() "
                                                     "(accum_logp, budget 8, width 7)")

@@ -1,5 +1,6 @@
 """The per-replica generation engine: one batched `jetflow.engine.Engine`, stepped by one background thread
-(`EngineLoop`), feeding each request's queue on the event loop.
+(`EngineLoop`), feeding each request's queue on the event loop. While a replica changes head (a new champion)
+the loop steps two engines, the old one until its requests end.
 
 Requests join and leave the running batch at every step; tokenizing happens in the request's handler off the
 event loop (a worker thread), detokenizing incrementally in the engine thread (only the new tokens' text).
@@ -13,11 +14,14 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from jetflow.decode import DecodeConfig, Generation
 from jetflow.engine import Engine, EngineConfig, RequestTimeoutError
+from jetflow.engine.kv import return_freed_memory
 from jetflow.errors import InvalidSettingError, JetFlowError, PromptTooLongError
 from jetflow.serving.config import ServeConfig
 from jetflow.serving.schema import JetFlowUsage, Usage
@@ -94,8 +98,9 @@ class TextStream:
 
 
 class _Subscriber:
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: TextStream):
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: TextStream, engine: Engine):
         self.loop, self.stream, self.queue = loop, stream, asyncio.Queue()
+        self.engine = engine             # the engine the request runs on, to its end (a head change does not move it)
         self.tokens = 0
 
     def put(self, item) -> None:
@@ -103,11 +108,17 @@ class _Subscriber:
 
 
 class EngineLoop:
-    """Steps one Engine on a background thread while it has work; hands each request's events to its
-    subscriber. `healthy()` is False when the thread died or a step has been running too long."""
+    """Steps a replica's engines on one background thread while they have work; hands each request's events to
+    its subscriber. Normally one engine; after a head change the new one takes new requests while the previous
+    one, `retire`d, keeps stepping until its last request ends, then is dropped. Every target forward, and a new
+    engine's construction (`call`), happens on this one thread. `healthy()` is False when the thread died or a
+    step has been running too long."""
 
-    def __init__(self, engine: Engine, tokenizer, stuck_after_s: float = 120.0):
-        self.engine, self.tokenizer, self.stuck_after_s = engine, tokenizer, stuck_after_s
+    def __init__(self, tokenizer, stuck_after_s: float = 120.0):
+        self.tokenizer, self.stuck_after_s = tokenizer, stuck_after_s
+        self._engines: list[Engine] = []
+        self._retiring: list[Engine] = []
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._subs: dict[str, _Subscriber] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -118,21 +129,60 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="jetflow-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, request_id: str, ids: list[int], cfg: DecodeConfig, deadline: float | None) -> _Subscriber:
-        sub = _Subscriber(asyncio.get_running_loop(), TextStream(self.tokenizer, cfg.stop))
+    def attach(self, engine: Engine) -> None:
         with self._lock:
+            if engine not in self._engines:
+                self._engines.append(engine)
+
+    def retire(self, engine: Engine) -> None:
+        """Stop counting on `engine` for new requests: it is dropped once its running and queued ones end."""
+        with self._lock:
+            if engine in self._engines and engine not in self._retiring:
+                self._retiring.append(engine)
+        self._wake.set()
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the loop's thread between two steps (what touches the target — a new engine's warm-up,
+        a step cost measurement — never runs beside a step); its result or exception in the Future."""
+        future: Future = Future()
+        with self._lock:
+            self._calls.append((fn, future))
+        self._wake.set()
+        return future
+
+    @property
+    def engines(self) -> int:
+        return len(self._engines)
+
+    @property
+    def active(self) -> int:
+        return sum(e.active for e in list(self._engines))
+
+    @property
+    def queued(self) -> int:
+        return sum(e.queued for e in list(self._engines))
+
+    def submit(self, engine: Engine, request_id: str, ids: list[int], cfg: DecodeConfig,
+               deadline: float | None) -> _Subscriber:
+        sub = _Subscriber(asyncio.get_running_loop(), TextStream(self.tokenizer, cfg.stop), engine)
+        with self._lock:  # with the lock: a retired engine is not dropped between this check and `add`
+            if engine not in self._engines:  # a request that chose the old head just before it was dropped
+                self._engines.append(engine)
+                self._retiring.append(engine)
             self._subs[request_id] = sub
-        try:
-            self.engine.add(ids, cfg, request_id=request_id, deadline=deadline)
-        except JetFlowError:
-            with self._lock:
+            try:
+                engine.add(ids, cfg, request_id=request_id, deadline=deadline)
+            except JetFlowError:
                 self._subs.pop(request_id, None)
-            raise
+                raise
         self._wake.set()
         return sub
 
     def cancel(self, request_id: str) -> None:
-        self.engine.cancel(request_id)
+        with self._lock:
+            sub = self._subs.get(request_id)
+        if sub is not None:
+            sub.engine.cancel(request_id)
         self._wake.set()
 
     def healthy(self) -> tuple[bool, str]:
@@ -147,26 +197,54 @@ class EngineLoop:
         self._stop = True
         self._wake.set()
 
+    def _run_calls(self) -> None:
+        while True:
+            with self._lock:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as exc:  # noqa: BLE001 - the caller gets it; the running requests go on
+                    future.set_exception(exc)
+
+    def _drop_retired(self) -> None:
+        with self._lock:
+            idle = [e for e in self._retiring if not e.has_work()]
+            for engine in idle:
+                self._retiring.remove(engine)
+                self._engines.remove(engine)
+        if idle:
+            return_freed_memory(idle[0].device)
+
     def _run(self) -> None:
         try:
             while not self._stop:
-                if not self.engine.has_work():
+                self._run_calls()
+                self._drop_retired()
+                busy = [e for e in list(self._engines) if e.has_work()]
+                if not busy:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                self.step_started = time.monotonic()
-                events = self.engine.step()
-                self.step_started = None
-                self.steps += 1
-                for event in events:
-                    self._deliver(event)
+                for engine in busy:  # one step each: old and new head's requests advance side by side
+                    self.step_started = time.monotonic()
+                    events = engine.step()
+                    self.step_started = None
+                    self.steps += 1
+                    for event in events:
+                        self._deliver(event)
         except BaseException as exc:  # noqa: BLE001 - every waiting request must hear about it
             log.exception("the engine loop died")
             self.error = exc
             with self._lock:
                 subs, self._subs = dict(self._subs), {}
+                calls, self._calls = list(self._calls), deque()
             for sub in subs.values():
                 sub.put(exc)
+            for _, future in calls:
+                future.set_exception(exc)
 
     def _deliver(self, event) -> None:
         with self._lock:
@@ -187,10 +265,11 @@ class EngineLoop:
 
 
 class GenerationEngine:
-    """A loaded target + head choice, serving generations batched across requests."""
+    """A loaded target + head choice, serving generations batched across requests on `loop`'s thread. A replica
+    that changes head builds a second one (on that thread: `EngineLoop.call`) and retires the first."""
 
-    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig, cost_curve=None, budget_table=None,
-                 tau_prior=None):
+    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig, loop: EngineLoop, cost_curve=None,
+                 budget_table=None, tau_prior=None):
         self.target, self.choice, self.cfg = target, choice, cfg
         policy = cfg.policy if choice.speculative else "plain"
         engine_cfg = EngineConfig(max_slots=cfg.max_slots, max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
@@ -198,7 +277,8 @@ class GenerationEngine:
                                   cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior)
         self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
         self.engine.warm_lm_head()  # before the first request: its timing is not paid under a request's deadline
-        self.loop = EngineLoop(self.engine, target.tokenizer)
+        self.loop = loop
+        loop.attach(self.engine)
 
     @property
     def active(self) -> int:
@@ -242,6 +322,7 @@ class GenerationEngine:
         return Usage(prompt_tokens=s.prompt_tokens, completion_tokens=len(gen.token_ids),
                      total_tokens=s.prompt_tokens + len(gen.token_ids),
                      jetflow=JetFlowUsage(speculative=self.choice.speculative, head=self.choice.label,
+                                          head_version=self.choice.version,
                                           tree=self.choice.tree.to_dict() if self.choice.speculative else None,
                                           tau=round(s.tau, 4), rounds=s.rounds,
                                           tokens_per_s=round(s.tokens_per_s, 3), note=self.choice.note))
@@ -257,7 +338,7 @@ class GenerationEngine:
                                  f"{self.engine.queued} waiting; retry later")
         timeout = self.cfg.request_timeout_s
         deadline = time.monotonic() + timeout if timeout else None
-        sub = self.loop.submit(request_id, ids, cfg, deadline)
+        sub = self.loop.submit(self.engine, request_id, ids, cfg, deadline)
         finished = False
         try:
             while True:
@@ -278,5 +359,6 @@ class GenerationEngine:
             if not finished:
                 self.loop.cancel(request_id)
 
-    def close(self) -> None:
-        self.loop.close()
+    def retire(self) -> None:
+        """New requests go elsewhere; the running ones finish here, then the engine and its KV are dropped."""
+        self.loop.retire(self.engine)

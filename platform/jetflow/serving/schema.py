@@ -130,6 +130,7 @@ class JetFlowUsage(BaseModel):
 
     speculative: bool
     head: str | None                  # "models:/NAME/VERSION", a head folder, "random", or None (plain)
+    head_version: str | None = None   # the registry version that served this request ("3"); None if not registered
     tree: dict[str, Any] | None       # the TreeSpec served: {"algorithm", "budget", "width"[, "params"]}
     tau: float
     rounds: int                       # target verify forwards

@@ -7,6 +7,8 @@ stored on that version. No such alias is not an error: the replica serves plain 
 server down or out of reach of the replica's node) is: the replica fails to start with the reason, and Serve
 reports the deployment unhealthy — never a replica that silently decodes plain.
 Tree setting: the config's explicit `tree`, else the registered one, else `TreeSpec()`.
+With `head` unset a replica keeps following the alias (`jetflow.serving.champion`): `alias_version` is what
+it polls, `choose_head` what it loads when the version moved.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class HeadChoice:
     note: str | None = None        # said plainly when not speculating (or when something was overridden)
     budget_table: dict | None = None   # {concurrency: budget} the main job measured for this head (auto policy)
     tau_prior: dict | None = None      # {budget: τ} measured for this head (the auto policy's first estimates)
+    version: str | None = None         # the registry version served ("3"); None for a folder, random or plain
 
     @property
     def head(self):
@@ -43,26 +46,30 @@ class HeadChoice:
         return self.loaded is not None and self.tree is not None and not self.tree.plain
 
 
-def choose_head(cfg: ServeConfig, target) -> HeadChoice:
+def choose_head(cfg: ServeConfig, target, device=None) -> HeadChoice:
     """Load the head `cfg` asks for (or the registry's `cfg.alias` head) for `target` (a TargetModel).
+    `device`: where a registry head's weights load (default the target's; a replica loading a new champion
+    beside running requests loads it on the CPU, and its engine thread moves it).
 
     Raises HeadNotFoundError / HeadMismatchError for an explicit head that is missing or does not fit,
     RegistryUnavailableError for a registry that cannot be read; a missing alias is plain decoding, with a note.
     """
-    choice = _choose(cfg, target)
+    choice = _choose(cfg, target, device)
     if choice.loaded is not None and not choice.speculative:  # a budget-1 tree drafts nothing
-        return HeadChoice(choice.loaded, choice.tree,
+        return HeadChoice(choice.loaded, choice.tree, version=choice.version,
                           note=f"tree budget 1: head {choice.label} is loaded but decoding is plain")
     return choice
 
 
-def _choose(cfg: ServeConfig, target) -> HeadChoice:
+def _choose(cfg: ServeConfig, target, device=None) -> HeadChoice:
     if cfg.head is None:
-        return _registered(cfg, target)
+        return _registered(cfg, target, device)
     ref = HeadRef.parse(cfg.head)
     if ref.kind == "none":
         return HeadChoice(None, None, note="speculation disabled (head: none): plain decoding")
-    return HeadChoice(ref.load(target, cfg.seed), cfg.tree or TreeSpec())
+    loaded = ref.load(target, cfg.seed)
+    version = loaded.path.name if ref.kind == "registry" and loaded.path is not None else None
+    return HeadChoice(loaded, cfg.tree or TreeSpec(), version=version if version and version.isdigit() else None)
 
 
 def check_head_exists(cfg: ServeConfig) -> None:
@@ -122,7 +129,19 @@ def check_registry_reachable(cfg: ServeConfig) -> None:
         raise _unavailable(f"the {cfg.alias!r} head", exc) from None
 
 
-def _registered(cfg: ServeConfig, target) -> HeadChoice:
+def alias_version(cfg: ServeConfig, target_id: str) -> str | None:
+    """The version `cfg.alias` points at now (None: no such alias); RegistryUnavailableError when the registry
+    cannot be read. One registry read: what a replica polls every `champion_poll_s`."""
+    from jetflow.tracking import registry
+
+    try:
+        _probe_server()
+        return registry.alias_version(target_id, cfg.alias)
+    except Exception as exc:  # noqa: BLE001  (the reason goes into the error)
+        raise _unavailable(f"{registry.registered_model_name(target_id)}@{cfg.alias}", exc) from None
+
+
+def _registered(cfg: ServeConfig, target, device=None) -> HeadChoice:
     try:
         from jetflow.tracking import registry
     except ImportError:
@@ -144,8 +163,8 @@ def _registered(cfg: ServeConfig, target) -> HeadChoice:
                     found.tree_config_error)
         note = f"stored tree config ignored ({found.tree_config_error})"
     ref = HeadRef.parse(f"models:/{found.name}/{found.version}")
-    head = load_head(found.path, device=target.device, dtype=target.dtype)
+    head = load_head(found.path, device=device or target.device, dtype=target.dtype)
     tree = cfg.tree or found.tree_config or TreeSpec()
     table = found.budget_table if cfg.tree is None else None  # measured for the stored tree, not another
     return HeadChoice(LoadedHead(head, ref, found.path), tree, note=note, budget_table=table,
-                      tau_prior=found.tau_by_budget)
+                      tau_prior=found.tau_by_budget, version=found.version)

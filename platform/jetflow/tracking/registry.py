@@ -327,6 +327,18 @@ class RegisteredHead:
     metrics: dict = field(default_factory=dict)
 
 
+def alias_version(target_id: str, alias: str = CHAMPION) -> str | None:
+    """The version number `alias` points at for `target_id`'s heads, None when there is no such alias or
+    registered model: one registry read, no download (what a Serve replica polls)."""
+    try:
+        version = client().get_registered_model(registered_model_name(target_id)).aliases.get(alias)
+    except MlflowException as exc:
+        if _code(exc, RESOURCE_DOES_NOT_EXIST):
+            return None
+        raise
+    return None if version is None else str(version)
+
+
 def resolve_alias(target_id: str, alias: str = CHAMPION) -> RegisteredHead | None:
     """The head behind `alias` for `target_id`, downloaded; None if the target has no registered heads or
     no such alias (not an error: serving falls back to its configured head)."""
