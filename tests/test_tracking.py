@@ -488,7 +488,8 @@ def test_register_and_promote_jobs_exit_0_promoted_1_refused_2_bad_input(store, 
     assert "no finished evaluation run" in capsys.readouterr().out
     log_evaluation(report(target, uri=uri_of(target, "1")))
     assert run_job("promote", ["--target", target, "--version", "1", "--metric", "tau"]) == 0
-    assert "PROMOTED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PROMOTED" in out and f"replicas following {name}@champion serve v1 from their next request" in out
     assert run_job("promote", ["--target", target, "--version", "1"]) == 0  # already champion: nothing to do
     assert "already the champion" in capsys.readouterr().out
     assert len(client().search_model_versions(f"name='{name}'")) == 1
