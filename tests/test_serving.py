@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoint, started for real: Ray Serve on 127.0.0.1, the bundled target, the
-official `openai` client. Three applications share one Serve instance:
+official `openai` client. Three applications (four with "live") share one Serve instance:
 
 - "spec" serves the registry's champion (a random-init causal head registered in a temporary MLflow
   store, with a stored tree config) on the batched engine, so speculation is real and every greedy output
