@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         from jetflow.cluster import init_ray, on_worker, wants_gpu
         from jetflow.storage import storage
 
-        if os.environ.get("RAY_ADDRESS"):  # a Ray job: join its cluster with what its workers need
-            init_ray()
+        if os.environ.get("RAY_ADDRESS"):  # a Ray job: join its cluster with what its workers need (no MLflow)
+            init_ray(need_tracking=False)
         out = regenerate(cfg)
         print(json.dumps(json.loads((out / "manifest.json").read_text()), indent=2))
         if job.features:

@@ -41,7 +41,7 @@ def test_a_single_node_ray_hands_the_workers_the_drivers_own_settings(monkeypatc
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     monkeypatch.delenv("JETFLOW_STORAGE", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    init_ray(None, num_cpus=1)
+    init_ray(None, need_tracking=False, num_cpus=1)  # no server at that URI: what is handed, not whether it answers
     try:
         assert not is_multi_node()  # one node with CPUs: no storage needed, no file store refused
         assert handed_tracking_uri() == "http://127.0.0.1:5999"  # its workers share this loopback
@@ -66,7 +66,7 @@ def test_a_later_ray_is_handed_its_own_drivers_uri_not_an_earlier_ones(monkeypat
     monkeypatch.delenv("JETFLOW_STORAGE", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5998")
-    init_ray(None, num_cpus=1)
+    init_ray(None, need_tracking=False, num_cpus=1)  # no server at that URI (see above)
     ray.shutdown()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert handed_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -9,7 +9,9 @@ join later) shares no disk. There:
   stops with that error instead of writing files no other node can see;
 - MLflow is one tracking server: a `sqlite:`/file store would split into one file per node, so it is refused;
   a loopback URI (`http://127.0.0.1:5000`, right on the head) is handed to workers as the address of the
-  driver's node, the one address of the head they can reach;
+  driver's node, the one address of the head they can reach; the driver asks the server at that address
+  before any work starts (`jetflow.tracking.probe`: refused, a Host it refuses, no answer), so a
+  misconfigured server fails the job in seconds;
 - each node keeps its own `$JETFLOW_HOME` (models, downloaded heads, step-cost curves of its device);
 - work that loads the target (regeneration, features, decoding, step-cost curves) runs on worker nodes
   (`on_worker`), never on the driver's node, and decides its device there.
@@ -23,7 +25,7 @@ import socket
 from typing import Any, Callable
 from urllib.parse import urlparse, urlunparse
 
-from jetflow.errors import InvalidSettingError
+from jetflow.errors import InvalidSettingError, JetFlowError
 
 def _is_loopback(host: str | None) -> bool:
     if not host:
@@ -77,20 +79,26 @@ def reachable_from_workers(uri: str) -> str:
     return worker_tracking_uri(uri, gcs)
 
 
-def init_ray(address: str | None = None, *, need_storage: bool = True, **init_kwargs) -> None:
+def init_ray(address: str | None = None, *, need_storage: bool = True, need_tracking: bool = True,
+             **init_kwargs) -> None:
     """ray.init once per driver, with the environment every worker needs (see the module doc). A no-op when Ray
     is already up (a test, a caller). On a multi-node cluster, InvalidSettingError when cluster storage
     (unless `need_storage` is False: serving reads heads through the registry) or a tracking server is
-    missing. `init_kwargs` go to ray.init."""
+    missing. A tracking server (unless `need_tracking` is False: the job logs nothing) that does not answer,
+    here or at the address the workers are handed, is TrackingUnreachableError within seconds, before any work
+    starts. `init_kwargs` go to ray.init."""
     import ray
 
     from jetflow.paths import jetflow_home
     from jetflow.storage import is_configured, storage_env
+    from jetflow.tracking.probe import check_tracking_server
     from jetflow.tracking.store import tracking_uri
 
     if ray.is_initialized():
         return
     uri = tracking_uri()
+    if need_tracking:  # before Ray starts: a server this driver cannot reach fails in seconds
+        check_tracking_server(uri, who="this job and its Ray workers")
     env = {"TOKENIZERS_PARALLELISM": "false", "MLFLOW_TRACKING_URI": uri, **storage_env()}
     for name in ("MLFLOW_S3_ENDPOINT_URL",):  # artifacts straight to an object store: its endpoint too
         if os.environ.get(name):
@@ -106,7 +114,9 @@ def init_ray(address: str | None = None, *, need_storage: bool = True, **init_kw
         ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
     try:
         check_cluster_ready(need_storage)
-    except InvalidSettingError:
+        if need_tracking and handed != uri:  # the address other nodes are handed, asked the way they will ask it
+            check_tracking_server(handed, who=f"Ray workers on other nodes, handed {uri} as this node's address,")
+    except JetFlowError:
         ray.shutdown()
         raise
 

@@ -38,5 +38,6 @@ class ExportUnsupportedError(JetFlowError):
 
 
 class TrackingUnreachableError(JetFlowError):
-    """A worker that cannot reach the MLflow tracking server it was told to log to (a loopback address handed
-    to another node, a server down, a firewall): its task fails with the reason instead of losing the logs."""
+    """An MLflow tracking server that does not answer where work is told to log (a loopback address handed to
+    another node, a Host header it refuses, a server down, a firewall): the driver, before any work, or the
+    worker fails with the reason instead of losing the logs (`jetflow.tracking.probe`)."""

@@ -108,11 +108,12 @@ def store_tree_profile(sweep: SweepOutcome, registered: tuple[str, str]) -> str 
 
 def run_main_job(cfg: MainJobConfig, ray_address: str | None = None) -> MainJobOutcome:
     from jetflow.cluster import init_ray
+
+    t0 = time.perf_counter()
+    init_ray(ray_address)  # first: a tracking server the job cannot use fails it here, in seconds
     from jetflow.tracking import promote, set_serving_evidence, set_serving_profile, set_tree_config
     from jetflow.tree import TreeSpec
 
-    t0 = time.perf_counter()
-    init_ray(ray_address)
     head, trained = select_head(cfg)
     train_seconds = time.perf_counter() - t0 if trained else 0.0
     sweep = run_budget_sweep(cfg.sweep, head)

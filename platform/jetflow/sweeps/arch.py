@@ -138,12 +138,15 @@ def arch_trial(config: dict) -> None:
 
     from jetflow.train.ray_train import train_on_ray
 
+    from jetflow.cluster import node_address
     from jetflow.storage import storage
+    from jetflow.tracking.probe import check_tracking_server
 
     shared, sampled = config["shared"], config["arch"]
     trial_id = tune.get_context().get_trial_id()
     tcfg = TrainConfig(**{**shared["train"], **sampled, "name": f"{shared['name']}-{trial_id}"})
     os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, as this node reaches it
+    check_tracking_server(shared["tracking_uri"], who=f"this trial on node {node_address()}")
     features = storage().local(shared["features"][str(tcfg.num_taps)], required=("features.json",),
                                only=("features.json",))  # the cache's description; workers read their copy
     train_on_ray(tcfg, shared["target"], features, heads_dir() / tcfg.name, num_workers=shared["workers"],
@@ -191,16 +194,21 @@ def _sweep(cfg: ArchSweepConfig, parent: str) -> ArchOutcome:
 
     from jetflow.cluster import handed_tracking_uri
     from jetflow.sweeps.cluster import trial_errors
+    from jetflow.sweeps.setup_errors import SETUP_ERROR, SetupErrorsNotRetried, not_retried_on_setup_error
+    from jetflow.tracking.probe import check_tracking_server
 
     location = cfg.location
+    tracking = handed_tracking_uri()  # the trials' store, as their nodes reach it: asked now, in seconds
+    check_tracking_server(tracking, who="the sweep's trials")
     features = prepare_features(cfg)
     base = cfg.base_train({})
     shared = {"train": {k: v for k, v in base.to_dict().items() if k not in cfg.space}, "target": cfg.target,
               "features": {str(k): v for k, v in features.items()}, "name": cfg.name,
               "workers": cfg.workers_per_trial, "use_gpu": cfg.use_gpu, "dtype": cfg.dtype, "storage": cfg.storage,
-              "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
+              "parent_run_id": parent, "tracking_uri": tracking}
     # the trial's driver holds almost nothing (Tune refuses zero); its Ray Train workers ask for the rest
-    trainable = tune.with_resources(arch_trial, {"cpu": DRIVER_CPU})
+    # ASHA needs its metric in every result, a setup error's report included
+    trainable = tune.with_resources(not_retried_on_setup_error(arch_trial, **{METRIC: math.nan}), {"cpu": DRIVER_CPU})
     if location.can_restore():
         print(f"[arch sweep] resuming {location.describe()} (finished trials are kept)")
         tuner = tune.Tuner.restore(location.path, trainable, resume_errored=True,
@@ -215,13 +223,14 @@ def _sweep(cfg: ArchSweepConfig, parent: str) -> ArchOutcome:
                                         max_concurrent_trials=cfg.max_concurrent),
             run_config=tune.RunConfig(name=cfg.name, storage_path=location.storage_path,
                                       storage_filesystem=location.filesystem, verbose=1,
-                                      failure_config=tune.FailureConfig(max_failures=cfg.max_failures)),
+                                      failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+                                      callbacks=[SetupErrorsNotRetried(cfg.max_failures)]),
         )
     grid = tuner.fit()
     rows, histories = [], []
     for res in grid:
         m = res.metrics or {}
-        if METRIC not in m:
+        if METRIC not in m or SETUP_ERROR in m:
             continue
         rows.append({**res.config["arch"], "tree_tau": m[METRIC], "chain_tau": m.get("eval/chain_tau", math.nan),
                      "step": m.get("step", 0), "finished": "train/seconds" in m,

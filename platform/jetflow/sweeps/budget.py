@@ -77,7 +77,7 @@ class BudgetSweepConfig:
     def eval_config(self, setting: dict[str, Any]):
         """The wide pass's evaluation of one trial's setting (or, with {}, of the whole grid, for validation):
         batched τ and losslessness only."""
-        from jetflow.eval.compare import EvalConfig
+        from jetflow.eval.config import EvalConfig
 
         grid = {"algorithms": self.algorithms, "budgets": self.budgets, "widths": self.widths,
                 "temperatures": self.temperatures}
@@ -96,7 +96,7 @@ class BudgetSweepConfig:
 
     def timed_config(self, finalists: list[dict[str, Any]], dataset: str):
         """The timed pass's evaluation of one prompt set: the finalists and AR, interleaved per prompt."""
-        from jetflow.eval.compare import EvalConfig
+        from jetflow.eval.config import EvalConfig
 
         return _grid_eval(EvalConfig, [TreeSpec.from_dict(f["tree"]) for f in finalists],
                           sets=[dataset], prompts_per_set=self.timed_prompts, timed_prompts=self.timed_prompts,
@@ -266,9 +266,11 @@ def budget_trial(config: dict) -> None:
     from jetflow.eval.compare import evaluate
     from jetflow.head import HeadRef
     from jetflow.tracking import log_evaluation
+    from jetflow.tracking.probe import check_tracking_server
 
     shared = config["shared"]
     os.environ["MLFLOW_TRACKING_URI"] = shared["tracking_uri"]  # the driver's store, as this node reaches it
+    check_tracking_server(shared["tracking_uri"], who=f"this trial on node {ray.util.get_node_ip_address()}")
     target, loaded = _target_and_head(shared["target"], shared["head"], shared["sweep"].get("dtype"))
     if shared.get("head_uri"):  # report the head as the registry version it is
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
@@ -630,6 +632,8 @@ def _tuner(trainable, location, param_space: dict, cfg: BudgetSweepConfig):
     """A Tune experiment at `location`: restored when it exists there (finished trials kept), else new."""
     from ray import tune
 
+    from jetflow.sweeps.setup_errors import SetupErrorsNotRetried
+
     if location.can_restore():
         print(f"[budget sweep] resuming {location.describe()} (finished trials are kept)")
         return tune.Tuner.restore(location.path, trainable, resume_errored=True,
@@ -639,7 +643,8 @@ def _tuner(trainable, location, param_space: dict, cfg: BudgetSweepConfig):
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.max_concurrent, reuse_actors=True),
         run_config=tune.RunConfig(name=location.name, storage_path=location.storage_path,
                                   storage_filesystem=location.filesystem, verbose=1,
-                                  failure_config=tune.FailureConfig(max_failures=cfg.max_failures)))
+                                  failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+                                  callbacks=[SetupErrorsNotRetried(cfg.max_failures)]))
 
 
 def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str | None = None) -> SweepOutcome:
@@ -650,17 +655,22 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     from jetflow.cluster import handed_tracking_uri, init_ray
     from jetflow.eval.compare import dataset_label
     from jetflow.sweeps.cluster import trial_errors
+    from jetflow.sweeps.setup_errors import not_retried_on_setup_error
     from jetflow.tracking.plots import budget_sweep_figures
+    from jetflow.tracking.probe import check_tracking_server
     from jetflow.tracking.runs import log_figures
     from jetflow.tracking.store import client
 
     t0 = time.perf_counter()
     init_ray(ray_address)
+    tracking = handed_tracking_uri()  # the trials' store, as their nodes reach it: asked now, in seconds
+    check_tracking_server(tracking, who="the sweep's trials")
     trial_head = head.for_trials()  # before anything is logged: a folder other nodes cannot see fails here
     parent = _parent_run(cfg, head)
     shared = {"target": cfg.target, "head": trial_head, "head_uri": head.uri, "sweep": asdict(cfg),
-              "parent_run_id": parent, "tracking_uri": handed_tracking_uri()}
-    trainable = tune.with_resources(budget_trial, {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
+              "parent_run_id": parent, "tracking_uri": tracking}
+    trainable = tune.with_resources(not_retried_on_setup_error(budget_trial),
+                                    {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
     settings = cfg.settings(_block_size(head.path))  # the grid: its trials, and the rows a complete sweep has
     grid = _tuner(trainable, cfg.location, {"setting": tune.grid_search(settings), "shared": shared}, cfg).fit()
     errors = trial_errors(grid)
