@@ -20,6 +20,10 @@ from jetflow.target import TargetModel
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# `graphs=auto` (the default of the engine, the CLI, evaluations and Serve) compiles where this host's measurement
+# in $JETFLOW_HOME says it pays: the suite runs the eager reference unless a test asks for the step core itself.
+os.environ.setdefault("JETFLOW_GRAPHS", "off")
+
 # A worker takes a whole test file (its module fixtures — a Ray Serve app, an MLflow server, reference
 # decodes — are built once, in one process), except the files in SPREAD, whose tests go one at a time to
 # whichever worker is free. Work goes out in collection order, so the longest files come first and the

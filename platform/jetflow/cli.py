@@ -14,6 +14,7 @@ from pathlib import Path
 from jetflow.config_cli import add_dataclass_args, build_config, spilled_words
 from jetflow.decode.config import DecodeConfig
 from jetflow.errors import InvalidSettingError, JetFlowError
+from jetflow.stepcore.modes import check_graphs
 from jetflow.tree import TreeSpec
 
 HEAD_HELP = ("head folder, name under $JETFLOW_HOME/heads, a published head's hub id (org/name), "
@@ -32,12 +33,16 @@ class GenerateOptions:
     device: str = "auto"                 # where the target and head run: auto (cuda when there is a GPU), cpu,
                                          # cuda, cuda:N
     dtype: str = "float32"               # target and head weights: float32 (exactly greedy), bfloat16, float16
+    graphs: str = "auto"                 # how steps run: off (the eager reference), compile (the step core,
+                                         # torch.compile per bucket), auto (compile where this host's
+                                         # `jetflow graphs --measure` says it pays, else off)
 
     def __post_init__(self) -> None:
         if self.dtype not in WEIGHT_DTYPES:
             raise InvalidSettingError(f"dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.dtype!r}")
         if self.device != "auto" and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise InvalidSettingError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_graphs(self.graphs)
 
     def placement(self):
         """(torch device, torch dtype) to load the target (and so the head) on."""
@@ -95,7 +100,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device, dtype = opts.placement()
     target = TargetModel.load(opts.model, device=device, dtype=dtype)
     loaded = ref.load(target, seed=opts.decode.seed or 0)
-    decoder = Decoder(target, loaded.head if loaded else None)
+    decoder = Decoder(target, loaded.head if loaded else None, graphs=opts.graphs)
+    if decoder.graphs == "compile":  # compile every bucket these prompts meet now, and say what it cost
+        longest = max(len(decoder.encode(p, raw=opts.raw)) for p in prompts)
+        seconds = decoder.warm(longest, opts.decode)
+        print(f"[graphs: compile ({opts.graphs}): {len(decoder.compile_log)} step buckets compiled in {seconds:.1f} s]",
+              file=sys.stderr, flush=True)
     for prompt in prompts:
         result = decoder.generate(prompt, opts.decode, raw=opts.raw)
         if opts.json:
@@ -104,8 +114,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print(result.text)
             s = result.stats
-            print(f"[{s.new_tokens} tokens, {s.rounds} rounds, tau {s.tau:.2f}, {s.tokens_per_s:.1f} tok/s]",
-                  file=sys.stderr)
+            print(f"[{s.new_tokens} tokens, {s.rounds} rounds, tau {s.tau:.2f}, {s.tokens_per_s:.1f} tok/s, "
+                  f"graphs {s.graphs}]", file=sys.stderr)
     return 0
 
 

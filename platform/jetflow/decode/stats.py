@@ -29,6 +29,8 @@ class DecodeStats:
     verify_s: float = 0.0
     accept_s: float = 0.0
     decode_s: float = 0.0          # wall time of all rounds (prefill excluded)
+    graphs: str = "off"            # how the steps ran: off (the eager reference) or compile (jetflow.stepcore)
+    compile_s: float = 0.0         # seconds of compiling buckets inside this generation's steps (in decode_s)
 
     @property
     def tau(self) -> float:
@@ -55,8 +57,10 @@ class DecodeStats:
     def merge(self, other: "DecodeStats") -> "DecodeStats":
         out = DecodeStats()
         for name in ("prompt_tokens", "new_tokens", "rounds", "redrafts", "prefill_s", "draft_s", "tree_s", "verify_s",
-                     "accept_s", "decode_s"):
+                     "accept_s", "decode_s", "compile_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
+        modes = {st.graphs for st in (self, other) if st.rounds}
+        out.graphs = modes.pop() if len(modes) == 1 else "mixed" if modes else self.graphs
         out.committed_per_round = self.committed_per_round + other.committed_per_round
         out.tree_nodes = self.tree_nodes + other.tree_nodes
         out.accepted_depths = self.accepted_depths + other.accepted_depths
@@ -82,6 +86,8 @@ class DecodeStats:
             "redrafts": self.redrafts,
             "mean_tree_nodes": round(sum(self.tree_nodes) / len(self.tree_nodes), 2) if self.tree_nodes else 0,
             "accepted_depth_hist": {str(k): v for k, v in sorted(self.accepted_depths.items())},
+            "graphs": self.graphs,
+            "compile_s": round(self.compile_s, 3),
             "time_s": {
                 "prefill": round(self.prefill_s, 5),
                 "decode": round(self.decode_s, 5),

@@ -23,6 +23,7 @@ gate opens, its second head pass's top-k (`_redraft`: 2 `.tolist()`).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -34,12 +35,13 @@ import torch
 
 from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
 from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context, round_tree_context
-from jetflow.engine.kv import RELEASE_ABOVE, SlotKV, TargetKV
+from jetflow.engine.kv import RELEASE_ABOVE, SlotKV, StaticSlotKV, TargetKV
 from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, observe, walker
+from jetflow.stepcore.modes import check_graphs, host_key, resolve_graphs
+from jetflow.tree import MAX_BUDGET, Acceptance, DraftTree, build_tree, observe, walker
 
 
 @dataclass
@@ -54,6 +56,11 @@ class EngineConfig:
     cost_curve: object = None            # auto: the StepCostCurve of this device (jetflow.engine.cost)
     budget_table: dict | None = None     # auto: {concurrency: budget}, the budget sweep's best per level
     tau_prior: dict | None = None        # auto: {budget: τ} measured for the head, the starting estimates
+    graphs: str = "auto"                 # off: the eager reference; compile: the step core, compiled per bucket
+                                         # (jetflow.stepcore); auto: compile where this host's measurement says
+    graphs_backend: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_BACKEND", "inductor"))
+                                         # torch.compile backend of graphs=compile (tests, debugging: eager,
+                                         # aot_eager: dynamo's whole capture, no code generation)
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_tokens"):
@@ -61,6 +68,7 @@ class EngineConfig:
                 raise InvalidSettingError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.policy not in ("fixed", "plain", "auto"):
             raise InvalidSettingError(f"policy must be fixed, plain or auto, got {self.policy!r}")
+        check_graphs(self.graphs)
 
 
 @dataclass
@@ -96,16 +104,26 @@ class Engine:
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         slots = self.cfg.max_slots
         extra = head.config.block_size if head is not None else 1
-        self.kv = SlotKV(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device, self.max_len + MAX_BUDGET)
+        self.graphs, self.graphs_reason = resolve_graphs(self.cfg.graphs, host_key(
+            self.device.type, target.model_id, str(self.dtype).removeprefix("torch."), torch.get_num_threads()))
+        static = self.graphs == "compile"
+        store = StaticSlotKV if static else SlotKV  # the step core's: reserved once, fixed addresses
+        self.kv = store(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device, self.max_len + MAX_BUDGET)
         self.cache = TargetKV(self.kv)
         self.layer_ids: tuple[int, ...] = ()
         if head is not None:
             hc = head.config
-            self.head_kv = SlotKV(hc.num_hidden_layers, slots, hc.num_key_value_heads, hc.head_dim, self.dtype,
-                                  self.device, self.max_len + extra)
+            self.head_kv = store(hc.num_hidden_layers, slots, hc.num_key_value_heads, hc.head_dim, self.dtype,
+                                 self.device, self.max_len + extra)
             self.last_ctx = torch.zeros((slots, hc.hidden_size), dtype=self.dtype, device=self.device)
             self.layer_ids = tuple(hc.target_layer_ids)
             self.mask_id = hc.mask_token_id
+        self.runner = None
+        if static:
+            from jetflow.stepcore.runner import StepRunner
+
+            self.runner = StepRunner(target, head, self.layer_ids, max_rows=slots, compiled=True,
+                                     backend=self.cfg.graphs_backend)
         self.running: list[Seq] = []
         self.prefilling: list[Seq] = []
         self.waiting: deque[Request] = deque()
@@ -116,6 +134,7 @@ class Engine:
         self.times = StepTimes()
         self.steps = 0
         self._decode_ms = 0.0                 # wall time of the last decode phase
+        self._step_compile_s = 0.0            # seconds the last decode phase spent compiling buckets
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
@@ -181,6 +200,31 @@ class Engine:
         if self.head is not None:
             self.head.warm_lm_head(self.target, slots * self.head.config.block_size)
 
+    @torch.inference_mode()
+    def warm_graphs(self, max_context: int | None = None, nodes: Sequence[int] = (1,), width: int = 0,
+                    rows: Sequence[int] | None = None) -> float:
+        """Compile, now, the buckets this engine's steps will run in (graphs=compile; a no-op otherwise): `rows`
+        (default: every power of two up to max_slots) × tree sizes `nodes` (1 = plain steps; a smaller tree pads
+        up to the next compiled size) × every key window up to `max_context` positions per request (default: the
+        engine's), and the draft's rows × windows with top-`width` (0: no draft). A Serve replica calls this before
+        it takes traffic. → seconds spent compiling."""
+        if self.runner is None:
+            return 0.0
+        from jetflow.stepcore.buckets import KEY_STEP, key_window, row_bucket
+
+        before = self.runner.compile_s
+        rows = sorted({row_bucket(r, self.cfg.max_slots) for r in (rows or range(1, self.cfg.max_slots + 1))})
+        windows, top = [KEY_STEP], key_window(min(max_context or self.max_len, self.max_len) + max(nodes))
+        while windows[-1] < top:
+            windows.append(windows[-1] * 2)
+        for window in windows:
+            for r in rows:
+                for n in nodes:
+                    self.runner.warm_verify(r, n, window, self.kv)
+                if self.head is not None and width:
+                    self.runner.warm_draft(r, window, width, self.head_kv, self.last_ctx)
+        return self.runner.compile_s - before
+
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
     def step(self) -> list[Event]:
@@ -194,8 +238,10 @@ class Engine:
             self.times.prefill = self._now() - t0
         if self.running:
             self._decode(events)
-        if not self.has_work() and self.kv.capacity > RELEASE_ABOVE:
-            self.kv.release()
+        if not self.has_work() and (self.runner is not None or self.kv.capacity > RELEASE_ABOVE):
+            self.kv.release()  # (static: pages back to the OS, addresses kept)
+            if self.runner is not None and self.head is not None:
+                self.head_kv.release()
         self.steps += 1
         return events
 
@@ -209,6 +255,7 @@ class Engine:
         with self._lock:
             while self.waiting and self.active < self.cfg.max_slots:
                 seq = Seq(self.waiting.popleft(), self.device)
+                seq.stats.graphs = self.graphs
                 seq.tree_context = request_tree_context(self.head, self.target.tokenizer, seq.ids, seq.cfg,
                                                         seq.request.task)
                 self.prefilling.append(seq)
@@ -350,6 +397,7 @@ class Engine:
     # ------------------------------------------------------------------ decode
     def _decode(self, events: list[Event]) -> None:
         rows = list(self.running)  # _commit removes finished rows from self.running
+        compiled_before = self.runner.compile_s if self.runner is not None else 0.0
         t0 = time.perf_counter()
         trees = self.policy.choose(rows)
         drafts = [DraftTree.root_only(s.anchor) for s in rows]
@@ -360,8 +408,9 @@ class Engine:
                 drafts[i] = build_tree(trees[i], rows[i].anchor, values[j], tokens[j], self._round_context(i, trees[i]))
         t1 = self._now()
         out = self._verify(rows, drafts)
-        accs = self._accept(rows, drafts, out.hidden)
+        accs = self._accept(rows, drafts, out)
         t2 = self._now()
+        self._step_compile_s = self.runner.compile_s - compiled_before if self.runner is not None else 0.0
         committed = self._commit(rows, drafts, accs, out.features, events, t2 - t0)
         t3 = self._now()
         self.times.draft, self.times.verify, self.times.commit = t1 - t0, t2 - t1, t3 - t2
@@ -380,12 +429,28 @@ class Engine:
     def _draft(self, idx: list[int], trees: list) -> tuple[list, list]:
         """One batched head forward for running rows `idx` → per row the top-W (log-probs, tokens) of each
         depth, W = that row's tree width."""
-        rows = [self.running[i] for i in idx]
-        ids = torch.full((len(rows), self.head.config.block_size), self.mask_id, dtype=torch.long, device=self.device)
-        ids[:, 0] = torch.tensor([s.anchor for s in rows], device=self.device)
-        values, tokens = self._head_topk(idx, ids, max(t.width for t in trees), first=1)
+        width = max(t.width for t in trees)
+        if self.runner is not None:
+            values, tokens = self._core_draft(width)
+            values, tokens = [values[i] for i in idx], [tokens[i] for i in idx]
+        else:
+            rows = [self.running[i] for i in idx]
+            ids = torch.full((len(rows), self.head.config.block_size), self.mask_id, dtype=torch.long,
+                             device=self.device)
+            ids[:, 0] = torch.tensor([s.anchor for s in rows], device=self.device)
+            values, tokens = self._head_topk(idx, ids, width, first=1)
         return ([[d[: t.width] for d in v] for v, t in zip(values, trees)],
                 [[d[: t.width] for d in k] for k, t in zip(tokens, trees)])
+
+    def _core_draft(self, width: int) -> tuple[list, list]:
+        """The step core's draft for every running row (rows the policy keeps plain are drafted too, and
+        ignored: one static bucket instead of a gather) → per row the top-`width` rows of depths 1..D."""
+        rows = self.running
+        pasts = [s.past for s in rows]
+        self.head_kv.reserve(max(pasts) + self.head.config.block_size)
+        copies = ([copy_inputs(self.head, self.target, s.ids, [s.past]) for s in rows]
+                  if self.head.config.copy_ngram else None)
+        return self.runner.draft(pasts, [s.anchor for s in rows], width, self.head_kv, self.last_ctx, copies)
 
     def _redraft(self, i: int, width: int, branches: Sequence[int]) -> tuple[list, list]:
         """path_conditional_refresh's second head pass for running row `i`: one forward of F blocks [anchor,
@@ -435,6 +500,10 @@ class Engine:
 
     def _verify(self, rows: list[Seq], drafts: list[DraftTree]):
         """One target forward over every row's tree, padded to the widest: RoPE position = past + depth."""
+        if self.runner is not None:
+            pasts = [s.past for s in rows]
+            self.kv.reserve(max(p + d.size for p, d in zip(pasts, drafts)))
+            return self.runner.verify(pasts, drafts, self.kv)
         dev, b = self.device, len(rows)
         n_max = max(d.size for d in drafts)
         past = torch.tensor([s.past for s in rows], device=dev)
@@ -459,10 +528,17 @@ class Engine:
         return self.target.forward_rows(torch.from_numpy(ids).to(dev), positions,
                                         self.cache.plan(0, b, write, width), self._additive(visible), self.layer_ids)
 
-    def _accept(self, rows: list[Seq], drafts: list[DraftTree], hidden: torch.Tensor) -> list:
+    def _accept(self, rows: list[Seq], drafts: list[DraftTree], out) -> list:
         """Every row's acceptance walk, side by side: each round of LM-head work computes, in one GEMM, the
-        logits of every node some walk waits for (plus its likeliest continuation, `lookahead` long)."""
+        logits of every node some walk waits for (plus its likeliest continuation, `lookahead` long). With the
+        step core, greedy rows were accepted on the device: their (deepest node, bonus) comes over in one copy."""
+        hidden = out.hidden
         walks = [walker(d) for d in drafts]
+        accs: list = [None] * len(rows)
+        if self.runner is not None:
+            for r, (deepest, bonus) in enumerate(out.accept[: len(rows)].tolist()):
+                if rows[r].cfg.greedy:
+                    accs[r] = Acceptance(path=drafts[r].path_to(deepest), bonus=bonus)
         need = [next(w) for w in walks]
         known: list[dict[int, tuple[torch.Tensor, int]]] = [{} for _ in rows]
         spine = []
@@ -472,8 +548,7 @@ class Engine:
                 if d.ranks[i] == 0:
                     first.setdefault(d.parents[i], i)
             spine.append(first)
-        accs: list = [None] * len(rows)
-        pending = set(range(len(rows)))
+        pending = {r for r in range(len(rows)) if accs[r] is None}
         while pending:
             want_r, want_n = [], []
             for r in sorted(pending):
@@ -537,6 +612,7 @@ class Engine:
             st = seq.stats
             st.rounds += 1
             st.decode_s += seconds
+            st.compile_s += self._step_compile_s
             st.tree_nodes.append(tree.size)
             st.committed_per_round.append(committed)
             st.accepted_depths[acc.accepted] += 1

@@ -4,15 +4,20 @@
 over slots [lo, hi) writes its new keys/values at each row's own positions (`plan`) and attends over the
 first `width` positions of those rows — a view, never a copy; the 4-D mask hides what a row must not see.
 `TargetKV` plugs the same storage into a Hugging Face model forward as its `cache`.
+`StaticSlotKV` is the compiled step core's: reserved once, addresses fixed for the engine's life.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from jetflow.stepcore.buckets import key_window
 
 # Capacity grows in steps of this many positions, for every slot at once (the buffers are (slots, ..)). 128
 # rather than 256: the engine benchmark's 16 requests (prompts up to 276 tokens, 64 new) fit 384 positions
@@ -36,7 +41,6 @@ def return_freed_memory(device: torch.device) -> None:
 
 @functools.cache
 def _libc():
-    import ctypes
     import ctypes.util
 
     try:
@@ -117,6 +121,66 @@ class SlotKV:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class StaticSlotKV(SlotKV):
+    """Slot KV reserved once for the engine's life (the compiled step core's), so every buffer keeps its address
+    across all steps and buckets and the compiled shapes depend on the buckets only.
+
+    Capacity: the key window of `max_len` (`jetflow.stepcore.buckets.key_window`), plus one scratch position
+    (index `capacity`) where padding rows and nodes write and no row reads. On a CPU the buffers are anonymous
+    memory maps: the kernel hands out zero pages as positions are first written, so the resident size follows
+    the tokens actually held, not the reservation (a read of a never-written position maps the shared zero page),
+    and `release` gives the pages back (madvise DONTNEED: zeros again, same addresses). On a GPU the reservation
+    is the memory: size `max_len` (the engine's max_model_len) to the card."""
+
+    def __init__(self, num_layers: int, slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, max_len: int):
+        self.num_layers, self.slots, self.kv_heads, self.head_dim = num_layers, slots, kv_heads, head_dim
+        self.dtype, self.device, self.max_len = dtype, device, max_len
+        self.capacity = key_window(max_len)
+        shape = (slots, kv_heads, self.capacity + 1, head_dim)
+        self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.values = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+
+    @property
+    def scratch(self) -> int:
+        """The position padding writes to: one past the capacity, outside every attention window."""
+        return self.capacity
+
+    def reserve(self, length: int) -> None:
+        if length > self.max_len:
+            raise ValueError(f"slot length {length} exceeds max_len {self.max_len}")
+
+    def release(self) -> None:
+        """Give the resident pages back (CPU); the buffers stay where they are, zeroed."""
+        if self.device.type != "cpu":
+            return
+        libc = _libc()
+        if libc is None or not hasattr(libc, "madvise"):
+            return
+        for buf in self.keys + self.values:
+            libc.madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(buf.numel() * buf.element_size()),
+                         _MADV_DONTNEED)
+
+    @property
+    def resident_hint(self) -> int:
+        """Bytes of one position of one slot over all layers (keys and values): what a held token costs."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+_MADV_DONTNEED = 4
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros of `shape`; on a CPU an anonymous private map, page-aligned and resident only where written."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = dtype.itemsize
+    for n in shape:
+        nbytes *= n
+    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(area, dtype=dtype).view(shape)  # the tensor keeps the map alive
 
 
 class _PlannedLayer(DynamicLayer):

@@ -79,14 +79,18 @@ class Attention(nn.Module):
         k, v = self.project_kv(torch.cat([context, x], dim=1), rope_kv)
         return self.attend(x, rope_q, k, v, mask)
 
-    def forward_cached(self, x, rope_q, kv: tuple[torch.Tensor, torch.Tensor], write: torch.Tensor, mask):
+    def forward_cached(self, x, rope_q, kv: tuple[torch.Tensor, torch.Tensor], write: torch.Tensor, mask,
+                       window: int | None = None):
         """x (b, Q, H) normed block inputs; kv = this layer's cached context (keys, values), (b, kv_heads, L,
-        head_dim), into which the block's own keys/values are written at `write` (b, Q) before attending."""
+        head_dim), into which the block's own keys/values are written at `write` (b, Q) before attending over
+        positions [0, window) (all L when None; the compiled step core writes padding beyond its window)."""
         keys, values = kv
         k, v = self.project_kv(x, rope_q)
         index = write[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
         keys.scatter_(2, index, k)
         values.scatter_(2, index, v)
+        if window is not None:
+            keys, values = keys[:, :, :window], values[:, :, :window]
         return self.attend(x, rope_q, keys, values, mask)
 
 
@@ -113,8 +117,8 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_cached(self, x, rope_q, kv, write, mask):
-        x = x + self.self_attn.forward_cached(self.input_layernorm(x), rope_q, kv, write, mask)
+    def forward_cached(self, x, rope_q, kv, write, mask, window: int | None = None):
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), rope_q, kv, write, mask, window)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -241,12 +245,14 @@ class DraftHead(nn.Module):
         return [layer.self_attn.project_kv(context, rope) for layer in self.layers]
 
     def forward_cached(self, block: torch.Tensor, block_positions: torch.Tensor, kv: list, write: torch.Tensor,
-                       mask: torch.Tensor, copy=None, shortcut: torch.Tensor | None = None) -> torch.Tensor:
+                       mask: torch.Tensor, copy=None, shortcut: torch.Tensor | None = None,
+                       window: int | None = None) -> torch.Tensor:
         """One block per row over cached context keys/values (what `forward` computes, without re-projecting
         the context): block (b, B, H) embeddings at block_positions (b, B); kv[layer] = (keys, values) of the
         rows' contexts (b, kv_heads, L, head_dim), written at `write` (b, B) with the block's own; mask
         (b, 1, B, L) bool; shortcut (b, H) the anchor's context feature (anchor_shortcut heads; zeros when
-        the row has no context). Returns (b, B, H) final-normed hidden states."""
+        the row has no context); window: attend over positions [0, window) only (mask (b, 1, B, window)).
+        Returns (b, B, H) final-normed hidden states."""
         offset = torch.arange(block.shape[1], device=block.device)
         if self.config.anchor_shortcut and shortcut is not None:
             shortcut = shortcut[:, None, :].expand(-1, block.shape[1], -1)
@@ -255,7 +261,7 @@ class DraftHead(nn.Module):
         x = self.block_inputs(block, offset, copy, shortcut)
         rope_q = self.rotary(block_positions)
         for layer, layer_kv in zip(self.layers, kv):
-            x = layer.forward_cached(x, rope_q, layer_kv, write, mask)
+            x = layer.forward_cached(x, rope_q, layer_kv, write, mask, window)
         return self.norm(x)
 
     # ------------------------------------------------------------ output vocabulary

@@ -1,0 +1,95 @@
+"""The `graphs` setting — how a decoder, an engine, `jetflow generate`, an evaluation or a Serve replica runs its
+steps — and what `auto` means on this host. No torch import here: option parsers read it.
+
+- `off`: the eager reference path (HF's forward over the growing slot KV);
+- `compile`: the step core (`jetflow.stepcore`) over a static slot KV, `torch.compile`d per bucket;
+- `auto`: `compile` where this host's measurement says it pays, else `off`. The measurement is
+  `jetflow graphs --measure` (or `benchmarks/compiled.py --record`): eager vs compiled on the same target, same
+  buckets, side by side, kept per host in `$JETFLOW_HOME/cache/graphs.json`. With no measurement for this host
+  and target, `auto` is `off` (compiling costs minutes on a CPU; it is not paid unasked).
+
+`JETFLOW_GRAPHS=compile|off` in the environment pins what `auto` resolves to (the test suite pins `off`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _platform
+from pathlib import Path
+
+from jetflow.errors import InvalidSettingError
+from jetflow.paths import jetflow_home
+
+GRAPHS = ("auto", "compile", "off")
+ENV = "JETFLOW_GRAPHS"
+PAYS_ABOVE = 1.05  # compiled / eager throughput a measurement must show for `auto` to compile
+
+
+def check_graphs(value: str) -> str:
+    if value not in GRAPHS:
+        raise InvalidSettingError(f"graphs must be one of {', '.join(GRAPHS)}, got {value!r}")
+    return value
+
+
+def verdicts_file() -> Path:
+    return jetflow_home() / "cache" / "graphs.json"
+
+
+def host_key(device_type: str, model_id: str, dtype: str, threads: int) -> str:
+    """What a measurement holds for: this host's processor, the torch build, the device kind, target and dtype,
+    and the intra-op threads (a verdict taken with 2 threads says nothing of 1)."""
+    import torch
+
+    cpu = _cpu_model()
+    return f"{cpu}|torch {torch.__version__}|{device_type}|{model_id}|{dtype}|{threads} threads"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine()
+
+
+def read_verdict(key: str) -> dict | None:
+    try:
+        return json.loads(verdicts_file().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def record_verdict(key: str, verdict: dict) -> Path:
+    """Keep a measurement's verdict for this host (atomic replace: several processes may write)."""
+    path = verdicts_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = verdict
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def resolve_graphs(mode: str, key: str) -> tuple[str, str]:
+    """`mode` → ("compile" | "off", why)."""
+    check_graphs(mode)
+    if mode != "auto":
+        return mode, "asked for"
+    pinned = os.environ.get(ENV, "").strip().lower()
+    if pinned:
+        if pinned not in ("compile", "off"):
+            raise InvalidSettingError(f"{ENV}={pinned!r}: use compile or off")
+        return pinned, f"{ENV}={pinned}"
+    verdict = read_verdict(key)
+    if verdict is None:
+        return "off", "auto: no measurement on this host (jetflow graphs --measure)"
+    ratio = float(verdict.get("ratio", 0.0))
+    choice = "compile" if ratio >= PAYS_ABOVE else "off"
+    return choice, f"auto: measured compiled/eager {ratio:.2f} on this host ({verdict.get('date', '?')})"
