@@ -29,7 +29,7 @@ import requests
 import torch
 from pydantic import ValidationError
 
-from jetflow.decode import DecodeConfig, Decoder
+from jetflow.decode import DecodeConfig, Decoder, encode_prompt
 from jetflow.serving.config import ServeConfig
 from jetflow.serving.engine import TextStream
 from jetflow.serving.schema import ChatCompletionRequest, CompletionRequest
@@ -214,6 +214,134 @@ def test_streamed_completion_with_a_stop_string_matches_the_unstreamed_cut(serve
     assert stop not in cut.text and whole.choices[0].finish_reason == "stop" == parts[-1].choices[0].finish_reason
 
 
+# ------------------------------------------------------------------------- logprobs, echo, batches (lm-eval's)
+
+
+def _sse_events(r: requests.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
+def _whole_forward(target, ids: list[int]) -> torch.Tensor:
+    """(len(ids) - 1, V) log-probabilities of ids[1:] from one causal forward (HF's own model)."""
+    with torch.inference_mode():
+        return torch.log_softmax(target.model(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+
+
+@pytest.mark.slow
+def test_completion_logprobs_are_the_targets_raw_ones_at_each_token_streamed_or_not(served, ar, smollm):
+    ref = ar.generate(CODE, DecodeConfig(max_new_tokens=MAX_NEW, logprobs=2), raw=True)  # plain: the reference
+    body = {"model": TARGET, "prompt": CODE, "max_tokens": MAX_NEW, "temperature": 0.8, "seed": 3, "logprobs": 2}
+    sampled = served.post("spec", "/v1/completions", body).json()["choices"][0]  # speculative, sampled
+    lp = sampled["logprobs"]
+    ids = smollm.tokenizer.encode(CODE)
+    tokens = [smollm.tokenizer.encode(t, add_special_tokens=False) for t in lp["tokens"]]  # ASCII code: one each
+    assert all(len(t) == 1 for t in tokens)
+    tokens = [t[0] for t in tokens]
+    raw = _whole_forward(smollm, ids + tokens)[len(ids) - 1:]
+    assert len(lp["token_logprobs"]) == len(tokens) == MAX_NEW
+    assert lp["token_logprobs"] == pytest.approx([raw[i, t].item() for i, t in enumerate(tokens)], abs=1e-4)
+    assert all(len(top) <= 3 and lp["tokens"][i] in top for i, top in enumerate(lp["top_logprobs"]))
+    assert lp["text_offset"][0] == 0 and "".join(lp["tokens"]) == sampled["text"]
+    greedy_body = {**body, "temperature": 0}
+    whole = served.post("spec", "/v1/completions", greedy_body).json()["choices"][0]
+    assert whole["text"] == ref.text
+    assert whole["logprobs"]["token_logprobs"] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-4)
+    parts = _sse_events(served.post("spec", "/v1/completions", {**greedy_body, "stream": True}, stream=True))
+    streamed = {k: [x for p in parts if p["choices"][0]["logprobs"] for x in p["choices"][0]["logprobs"][k]]
+                for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert streamed == whole["logprobs"]
+
+
+@pytest.mark.slow
+def test_chat_logprobs_with_top_logprobs_streamed_or_not(served, ar):
+    ref = ar.generate(CHAT, DecodeConfig(max_new_tokens=MAX_NEW, logprobs=3))
+    body = {"model": TARGET, "messages": CHAT, "max_tokens": MAX_NEW, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3}
+    reply = served.client("spec").chat.completions.create(**body)
+    content = reply.choices[0].logprobs.content
+    assert reply.choices[0].message.content == ref.text
+    assert [c.logprob for c in content] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-4)
+    for c, e in zip(content, ref.logprobs):
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx([v for _, v in e.top], abs=1e-4)
+    assert bytes(b for c in content for b in c.bytes).decode() == "".join(c.token for c in content)
+    assert "".join(c.token for c in content).startswith(ref.text)
+    chunks = list(served.client("spec").chat.completions.create(**body, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [c.model_dump() for c in streamed] == [c.model_dump() for c in content]
+    plain = served.client("spec").chat.completions.create(model=TARGET, messages=CHAT, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_returns_the_prompts_logprobs_first_null_as_lm_eval_reads_them(served, smollm, max_tokens):
+    ids = smollm.tokenizer.encode(CODE)
+    body = {"model": TARGET, "prompt": [ids], "echo": True, "logprobs": 1, "max_tokens": max_tokens,
+            "temperature": 0, "seed": 1234}                                  # lm-eval's loglikelihood request
+    reply = served.post("spec", "/v1/completions", body).json()
+    (choice,) = reply["choices"]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + max_tokens and lp["token_logprobs"][0] is None
+    assert lp["top_logprobs"][0] is None and choice["text"].startswith(CODE)
+    whole = _whole_forward(smollm, ids)
+    assert lp["token_logprobs"][1: len(ids)] == pytest.approx([whole[i, t].item() for i, t in enumerate(ids[1:])],
+                                                               abs=1e-4)
+    assert reply["usage"]["completion_tokens"] == max_tokens and reply["usage"]["jetflow"]["rounds"] == 1
+    streamed = _sse_events(served.post("spec", "/v1/completions", {**body, "stream": True}, stream=True))
+    assert "".join(p["choices"][0]["text"] for p in streamed if p["choices"]) == choice["text"]
+    assert [x for p in streamed if p["choices"] and p["choices"][0]["logprobs"]
+            for x in p["choices"][0]["logprobs"]["token_logprobs"]] == lp["token_logprobs"]
+
+
+@pytest.mark.slow
+def test_a_batch_of_prompts_is_answered_in_index_order_each_as_it_is_alone(served, smollm):
+    prompts = [CODE, "Once upon a time", "1, 2, 3,"]
+    common = {"model": TARGET, "max_tokens": 6, "temperature": 0, "logprobs": 1}
+    alone = [served.post("spec", "/v1/completions", {**common, "prompt": p}).json()["choices"][0] for p in prompts]
+    for batch in (prompts, [smollm.tokenizer.encode(p) for p in prompts]):
+        reply = served.post("spec", "/v1/completions", {**common, "prompt": batch}).json()
+        assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+        assert [c["text"] for c in reply["choices"]] == [a["text"] for a in alone]
+        for c, a in zip(reply["choices"], alone):
+            assert c["logprobs"]["token_logprobs"] == pytest.approx(a["logprobs"]["token_logprobs"], abs=1e-4)
+        assert reply["usage"]["completion_tokens"] == 18
+    parts = _sse_events(served.post("spec", "/v1/completions", {**common, "prompt": prompts, "stream": True},
+                                    stream=True))
+    texts = ["", "", ""]
+    for p in parts:
+        for c in p["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == [a["text"] for a in alone]
+    r = served.post("tiny", "/v1/completions", {**common, "prompt": ["a", "b"]})   # one slot, no queue: never fits
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.slow
+def test_bad_logprob_requests_leave_a_running_stream_untouched(served, ar):
+    stream = _open_stream(served, "spec", 24)
+    events = stream.iter_lines()
+    first = next(events)
+    for path, body, status, _ in BAD_LOGPROB_REQUESTS.values():
+        assert served.post("spec", path, body).status_code == status
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or "" for line in [first, *events]
+                   if line.startswith(b"data: {") and json.loads(line[6:])["choices"])
+    assert text == greedy(ar, CHAT, max_new=24).text
+
+
+@pytest.mark.slow
+def test_the_tokenizer_routes_lm_eval_probes_answer_as_vllms_do(served, smollm):
+    tok = smollm.tokenizer
+    info = served.get("spec", "/tokenizer_info")
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template
+    ids = served.post("spec", "/tokenize", {"prompt": CODE, "add_special_tokens": False}).json()
+    assert ids["tokens"] == tok.encode(CODE, add_special_tokens=False) and ids["count"] == len(ids["tokens"])
+    chat = served.post("spec", "/tokenize", {"model": TARGET, "messages": CHAT}).json()["tokens"]
+    assert chat == encode_prompt(tok, CHAT)
+    assert served.post("spec", "/detokenize", {"tokens": ids["tokens"]}).json() == {"prompt": CODE}
+    bad = served.post("spec", "/detokenize", {"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
 # ------------------------------------------------------------------------- no champion
 
 
@@ -233,6 +361,22 @@ def test_without_a_champion_it_serves_plain_decoding_and_says_so_everywhere(serv
 # ------------------------------------------------------------------------- bad input → 4xx, OpenAI body
 
 GOOD = {"model": TARGET, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD_LOGPROB_REQUESTS = {  # logprobs, echo and the prompt shapes lm-eval sends
+    "logprobs above 5": ("/v1/completions", {"model": TARGET, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
+    "logprobs negative": ("/v1/completions", {"model": TARGET, "prompt": "x", "logprobs": -1}, 400, "logprobs"),
+    "top_logprobs above 20": ("/v1/chat/completions", {**GOOD, "logprobs": True, "top_logprobs": 21}, 400,
+                              "top_logprobs"),
+    "top_logprobs without logprobs": ("/v1/chat/completions", {**GOOD, "top_logprobs": 2}, 400, "top_logprobs"),
+    "empty token list": ("/v1/completions", {"model": TARGET, "prompt": []}, 400, "prompt"),
+    "empty token list in a batch": ("/v1/completions", {"model": TARGET, "prompt": [[1, 2], []]}, 400, "prompt"),
+    "texts and token ids in one batch": ("/v1/completions", {"model": TARGET, "prompt": [[1, 2], "a"]}, 400,
+                                         "prompt"),
+    "echo past the context": ("/v1/completions", {"model": TARGET, "prompt": "word " * (2 * MAX_PROMPT), "echo": True,
+                                                  "logprobs": 1, "max_tokens": 1}, 400, "prompt"),
+    "max_tokens 0 without echo": ("/v1/completions", {"model": TARGET, "prompt": "x", "max_tokens": 0}, 400,
+                                  "max_tokens"),
+    "a batch past the replica": ("/v1/completions", {"model": TARGET, "prompt": ["a"] * 200}, 400, "prompt"),
+}
 BAD_REQUESTS = {
     "malformed JSON": ("/v1/chat/completions", '{"model": "smollm2-135m", "messages": [', 400, None),
     "not an object": ("/v1/chat/completions", "[1, 2]", 400, None),
@@ -255,6 +399,7 @@ BAD_REQUESTS = {
     "unknown parameter": ("/v1/chat/completions", {**GOOD, "best_of": 3}, 400, "best_of"),
     "n > 1": ("/v1/chat/completions", {**GOOD, "n": 2}, 400, "n"),
     "token id out of vocab": ("/v1/completions", {"model": TARGET, "prompt": [1, 10**9]}, 400, "prompt"),
+    **BAD_LOGPROB_REQUESTS,
 }
 
 
@@ -568,9 +713,17 @@ def test_requests_are_validated_like_openai_does():
     ok = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "developer", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "stop": "x"})
     assert ok.chat() == [{"role": "system", "content": "ab"}] and ok.stop == ["x"] and ok.temperature == 1.0
-    assert CompletionRequest.model_validate({"model": "m", "prompt": ["only one"]}).prompt == "only one"
-    for bad in ({"model": "m", "prompt": ["a", "b"]}, {"model": "m", "prompt": ""},
-                {"model": "m", "prompt": "x", "echo": True}, {"model": "m", "prompt": "x", "logprobs": 2},
+    assert CompletionRequest.model_validate({"model": "m", "prompt": ["only one"]}).prompts == ["only one"]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [1, 2]}).prompts == [[1, 2]]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [[1], [2, 3]]}).prompts == [[1], [2, 3]]
+    lm_eval = CompletionRequest.model_validate({"model": "m", "prompt": [[5, 6]], "temperature": 0, "max_tokens": 1,
+                                                "logprobs": 1, "seed": 1234, "echo": True})   # its loglikelihood
+    assert lm_eval.echo and lm_eval.logprobs == 1 and lm_eval.prompts == [[5, 6]]
+    assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "echo": True, "max_tokens": 0}).max_tokens == 0
+    for bad in ({"model": "m", "prompt": ""}, {"model": "m", "prompt": []}, {"model": "m", "prompt": [[1], []]},
+                {"model": "m", "prompt": ["a", [1]]}, {"model": "m", "prompt": [True]},
+                {"model": "m", "prompt": "x", "logprobs": 6}, {"model": "m", "prompt": "x", "max_tokens": 0},
+                {"model": "m", "prompt": "x", "suffix": "y"},
                 {"model": "m", "prompt": "x", "presence_penalty": 0.5}, {"model": "m", "prompt": "x", "stop": [""]},
                 {"model": "m", "prompt": "x", "stop": list("abcde")}):
         with pytest.raises(ValidationError):

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from jetflow.errors import InvalidSettingError
 from jetflow.tree import TreeSpec
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's chat limit; completions allow 5)
+
 
 def check_temperature(value) -> float:
     """The sampling temperature rule, stated once: finite and >= 0 (0 = greedy)."""
@@ -25,6 +27,10 @@ class DecodeConfig:
     max_new_tokens: int = 128        # tokens to generate at most
     stop: list[str] = field(default_factory=list, metadata={"split": False})  # stop strings
     seed: int | None = None          # sampling seed (default: nondeterministic)
+    # Log-probabilities under the target's raw distribution (before temperature, top-k, top-p), with the k
+    # likeliest alternatives: None = not computed (nobody pays for them), k in 0..MAX_TOP_LOGPROBS.
+    logprobs: int | None = field(default=None, metadata={"cli": False})         # of each generated token
+    prompt_logprobs: int | None = field(default=None, metadata={"cli": False})  # of each prompt token but the first
 
     def __post_init__(self) -> None:
         if not isinstance(self.tree, TreeSpec):
@@ -36,6 +42,10 @@ class DecodeConfig:
             raise InvalidSettingError(f"top_k must be >= 0, got {self.top_k}")
         if any(not isinstance(x, str) or not x for x in self.stop):
             raise InvalidSettingError("stop strings must be non-empty strings")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS):
+                raise InvalidSettingError(f"{name} must be unset or 0..{MAX_TOP_LOGPROBS}, got {k!r}")
         if self.max_new_tokens < 1:
             raise InvalidSettingError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from jetflow.decode.logprobs import TokenLogprob, token_logprobs
 from jetflow.decode.prompt import encode_prompt, stop_token_ids
 from jetflow.decode.sampling import DecodeConfig, target_probs
 from jetflow.decode.stats import DecodeStats
@@ -30,6 +31,8 @@ class Generation:
     text: str                   # decoded generated text, cut before a stop string
     finish_reason: str          # "stop" (EOS or stop string) or "length"
     stats: DecodeStats
+    logprobs: list[TokenLogprob] | None = None         # per generated token (DecodeConfig.logprobs set)
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token but the first (prompt_logprobs set)
 
 
 @dataclass
@@ -52,6 +55,8 @@ class DecodeState:
     rng: torch.Generator | None = None
     lookahead: float = 2.0                    # running mean of the accepted path length (LM-head prefetch)
     tree_context: TreeContext | None = None   # what the request's tree algorithm reads (profile, prompt, state)
+    logprobs: list[TokenLogprob] = field(default_factory=list)        # of generated tokens (cfg.logprobs set)
+    prompt_logprobs: list[TokenLogprob] | None = None                 # of prompt[1:] (cfg.prompt_logprobs set)
 
 
 def request_tree_context(head: DraftHead | None, tokenizer, prompt_ids: Sequence[int], cfg: DecodeConfig,
@@ -104,8 +109,10 @@ def commit_tokens(generated: list[int], tokens: Sequence[int], cfg: DecodeConfig
 
 
 def finish_generation(tokenizer, generated: list[int], finish_reason: str | None, cfg: DecodeConfig,
-                      stats: DecodeStats) -> Generation:
-    """The Generation of a finished request: its text cut before the first stop string."""
+                      stats: DecodeStats, logprobs: list[TokenLogprob] | None = None,
+                      prompt_logprobs: list[TokenLogprob] | None = None) -> Generation:
+    """The Generation of a finished request: its text cut before the first stop string (the logprobs, when
+    asked for, cover every generated token)."""
     text = tokenizer.decode(generated, skip_special_tokens=True) if tokenizer is not None else ""
     finish = finish_reason or "length"
     if cfg.stop:
@@ -113,7 +120,9 @@ def finish_generation(tokenizer, generated: list[int], finish_reason: str | None
         if cut >= 0:
             text, finish = text[:cut], "stop"
     stats.new_tokens = len(generated)
-    return Generation(token_ids=list(generated), text=text, finish_reason=finish, stats=stats)
+    return Generation(token_ids=list(generated), text=text, finish_reason=finish, stats=stats,
+                      logprobs=list(logprobs) if cfg.logprobs is not None and logprobs is not None else None,
+                      prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None)
 
 
 class _PathLogits:
@@ -225,7 +234,8 @@ class Decoder:
             yield state
 
     def finish(self, state: DecodeState, cfg: DecodeConfig) -> Generation:
-        return finish_generation(self.target.tokenizer, state.generated, state.finish_reason, cfg, state.stats)
+        return finish_generation(self.target.tokenizer, state.generated, state.finish_reason, cfg, state.stats,
+                                 state.logprobs, state.prompt_logprobs)
 
     # ------------------------------------------------------------- the loop
     def _speculative(self, cfg: DecodeConfig) -> bool:
@@ -268,6 +278,10 @@ class Decoder:
                                  None, state.layer_ids)
             if spec:
                 state.ctx[:past] = head.project_context(out.features)
+            if cfg.prompt_logprobs is not None:  # hidden j predicts prompt token j + 1
+                state.prompt_logprobs = token_logprobs(target.logits(out.hidden), prompt_ids[1:], cfg.prompt_logprobs)
+        if cfg.prompt_logprobs is not None and state.prompt_logprobs is None:
+            state.prompt_logprobs = []  # a one-token prompt
         state.stats.prefill_s = self._now() - t0
         return state
 
@@ -357,6 +371,10 @@ class Decoder:
         committed, state.finish_reason = commit_tokens(
             state.generated, [tree.tokens[i] for i in acc.path[1:]] + [acc.bonus], cfg, self.stop_ids,
             self.target.tokenizer)
+        if cfg.logprobs is not None and committed:  # the logits at the path's nodes: the walk computed each
+            tokens = state.generated[len(state.generated) - committed:]
+            state.logprobs += token_logprobs(torch.stack([logits_at(i) for i in acc.path[:committed]]), tokens,
+                                             cfg.logprobs)
         te = self._now()
 
         stats.draft_s += tb - ta + redraft_s[0]   # a second head pass (path_conditional_refresh) is drafting

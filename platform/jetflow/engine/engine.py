@@ -17,7 +17,9 @@ walk's LM-head work brings its argmaxes (`_accept`: 1 `.tolist()` per round, rou
 row's lookahead, usually 1-2); nothing else reads a device value. The per-row inputs (positions, tree
 tokens, masks, accepted paths) go host → device as a handful of small copies per step (built in numpy, one
 copy each). A sampled row adds one `multinomial` draw per walked node; a row whose path_conditional_refresh
-gate opens, its second head pass's top-k (`_redraft`: 2 `.tolist()`).
+gate opens, its second head pass's top-k (`_redraft`: 2 `.tolist()`). Rows that asked for logprobs add, together,
+2 `.tolist()` per step (and per prefill chunk for prompt logprobs), plus one LM-head GEMM over the path nodes
+whose logits the walk did not compute (the step core's device-accepted greedy rows): nobody else pays.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 
 from jetflow.decode import DecodeConfig, Generation, stop_token_ids, target_probs
 from jetflow.decode.decoder import commit_tokens, finish_generation, request_tree_context, round_tree_context
+from jetflow.decode.logprobs import token_logprobs
 from jetflow.engine.kv import RELEASE_ABOVE, SlotKV, StaticSlotKV, TargetKV
 from jetflow.engine.sequence import Event, Request, RequestCancelledError, RequestTimeoutError, Seq
 from jetflow.errors import InvalidSettingError, PromptTooLongError
@@ -135,6 +138,7 @@ class Engine:
         self.steps = 0
         self._decode_ms = 0.0                 # wall time of the last decode phase
         self._step_compile_s = 0.0            # seconds the last decode phase spent compiling buckets
+        self._walked: list[dict] = []         # the last step's acceptance-walk logits per row (_path_logprobs)
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
@@ -365,6 +369,7 @@ class Engine:
                 self.head_kv.write(layer, lo, lo + b, positions, k, v)
             last = torch.tensor(widths, device=dev) - 1
             self.last_ctx[lo: lo + b] = ctx[torch.arange(b, device=dev), last]
+        self._prompt_logprobs(rows, widths, out.hidden)
         for seq, n in zip(rows, widths):
             seq.prefilled += n
         self._promote_prefilled()
@@ -409,6 +414,7 @@ class Engine:
         t1 = self._now()
         out = self._verify(rows, drafts)
         accs = self._accept(rows, drafts, out)
+        self._path_logprobs(rows, drafts, accs, out.hidden)
         t2 = self._now()
         self._step_compile_s = self.runner.compile_s - compiled_before if self.runner is not None else 0.0
         committed = self._commit(rows, drafts, accs, out.features, events, t2 - t0)
@@ -576,6 +582,7 @@ class Engine:
                 except StopIteration as done:
                     accs[r] = done.value
                     pending.discard(r)
+        self._walked = known  # the logits the walks computed, per row {node: (logits, argmax)}: _path_logprobs
         return accs
 
     def _commit(self, rows: list[Seq], drafts: list[DraftTree], accs: list, features: torch.Tensor,
@@ -623,13 +630,69 @@ class Engine:
                 observe(seq.tree_context.state, tree, acc)
             if seq.started is None:
                 seq.started = now
-            event = Event(seq.id, seq.generated[before:])
+            event = Event(seq.id, seq.generated[before:], **self._event_logprobs(seq, committed))
             if seq.finish_reason is not None:
                 event.finished = True
                 event.generation = finish_generation(self.target.tokenizer, seq.generated, seq.finish_reason,
-                                                     seq.cfg, st)
+                                                     seq.cfg, st, seq.logprobs, seq.prompt_logprobs)
                 finished.append(i)
             events.append(event)
         for i in reversed(finished):
             self._remove_running(i)
         return per_row
+
+    # ------------------------------------------------------------------ logprobs (only rows that ask pay)
+    def _prompt_logprobs(self, rows: list[Seq], widths: list[int], hidden: torch.Tensor) -> None:
+        """Prompt log-probabilities of this prefill chunk for the rows that asked (echo), in one LM-head GEMM:
+        hidden state j of a row's chunk starting at prompt index p predicts prompt token p + j + 1."""
+        want = [(i, s, n) for i, (s, n) in enumerate(zip(rows, widths)) if s.prompt_logprobs is not None]
+        if not want:
+            return
+        logits = self.target.logits(torch.cat([hidden[i, :n] for i, _, n in want]))
+        tokens, ks = [], []
+        for _, seq, n in want:
+            tokens += seq.request.prompt_ids[seq.prefilled + 1: seq.prefilled + n + 1]
+            ks += [seq.cfg.prompt_logprobs] * n
+        out = token_logprobs(logits, tokens, ks)
+        for _, seq, n in want:
+            seq.prompt_logprobs += out[:n]
+            out = out[n:]
+
+    def _path_logprobs(self, rows: list[Seq], drafts: list[DraftTree], accs: list, hidden: torch.Tensor) -> None:
+        """For the rows that asked for logprobs, the target's log-probabilities of the tokens this step may commit
+        (the accepted drafts, then the bonus) → `seq.step_logprobs`. Token j comes from the logits at path node j:
+        the acceptance walk's own rows where it computed them (every visited node on the eager path), else one
+        LM-head GEMM over those nodes' hidden states (the step core accepts greedy rows on the device)."""
+        want = [r for r, s in enumerate(rows) if s.logprobs is not None]
+        if not want:
+            return
+        walked = self._walked if len(self._walked) == len(rows) else [{} for _ in rows]
+        missing = [(r, n) for r in want for n in accs[r].path if n not in walked[r]]
+        computed = {}
+        if missing:
+            dev = hidden.device
+            logits = self.target.logits(hidden[torch.tensor([r for r, _ in missing], device=dev),
+                                               torch.tensor([n for _, n in missing], device=dev)])
+            computed = {key: logits[k] for k, key in enumerate(missing)}
+        stacked, tokens, ks = [], [], []
+        for r in want:
+            path = accs[r].path
+            stacked += [walked[r][n][0] if n in walked[r] else computed[(r, n)] for n in path]
+            tokens += [drafts[r].tokens[j] for j in path[1:]] + [accs[r].bonus]
+            ks += [rows[r].cfg.logprobs] * len(path)
+        out = token_logprobs(torch.stack(stacked), tokens, ks)
+        for r in want:
+            k = len(accs[r].path)
+            rows[r].step_logprobs, out = out[:k], out[k:]
+
+    @staticmethod
+    def _event_logprobs(seq: Seq, committed: int) -> dict:
+        """A step event's logprob fields: those of its `committed` tokens (a stop or max_new_tokens may cut the
+        path; kept for the Generation), and on the request's first event its prompt's."""
+        out = {}
+        if seq.prompt_logprobs is not None and seq.stats.rounds == 1:
+            out["prompt_logprobs"] = seq.prompt_logprobs
+        if seq.logprobs is not None and seq.step_logprobs is not None:
+            out["logprobs"], seq.step_logprobs = seq.step_logprobs[:committed], None
+            seq.logprobs += out["logprobs"]
+        return out

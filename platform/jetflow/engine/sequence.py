@@ -40,6 +40,8 @@ class Event:
     finished: bool = False
     generation: Generation | None = None
     error: JetFlowError | None = None
+    logprobs: list | None = None              # TokenLogprob per token of `tokens` (the request asked for them)
+    prompt_logprobs: list | None = None       # on a request's first event: TokenLogprob per prompt token but the first
 
 
 class Seq:
@@ -64,6 +66,11 @@ class Seq:
         self.admitted = time.monotonic()
         self.started: float | None = None         # first decode step
         self.tree_context = None                  # the request's TreeContext (the engine sets it on admission)
+        # TokenLogprobs, kept only for requests that ask (jetflow.decode.logprobs): of the generated tokens, of
+        # the prompt's tokens but the first (filled chunk by chunk in prefill), of this step's path + bonus
+        self.logprobs: list | None = [] if self.cfg.logprobs is not None else None
+        self.prompt_logprobs: list | None = [] if self.cfg.prompt_logprobs is not None else None
+        self.step_logprobs: list | None = None
 
     @property
     def id(self) -> str:

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import time
 from typing import AsyncIterator, Callable
 
@@ -31,13 +32,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jetflow.engine import RequestTimeoutError
 from jetflow.errors import JetFlowError, PromptTooLongError, UnknownModelError
+from jetflow.serving import choices
 from jetflow.serving.auth import BearerAuth, key_from_env, set_replica_key
 from jetflow.serving.config import ServeConfig
-from jetflow.serving.engine import EngineLoop, Event, GenerationEngine, QueueFullError, request_error
+from jetflow.serving.choices import Choice, choice_id
+from jetflow.serving.engine import EngineLoop, GenerationEngine, QueueFullError, request_error
+from jetflow.serving.logprobs import chat_logprobs, completion_logprobs
 from jetflow.serving.selection import check_head_exists
 from jetflow.serving.schema import (
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChunkChoice,
-    CompletionChoice, CompletionRequest, CompletionResponse, Delta, ErrorBody, ErrorDetail, ModelCard, ModelList,
+    CompletionChoice, CompletionRequest, CompletionResponse, Delta, DetokenizeRequest, DetokenizeResponse, ErrorBody,
+    ErrorDetail, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 )
 
 # Serve attaches the request id to records of this logger emitted while handling a request.
@@ -83,6 +88,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     if err.get("type") == "missing" and param is None:
         return error_response(400, "the request needs a JSON object body", code="invalid_json")
     message = err["msg"].removeprefix("Value error, ")
+    if param is None and (named := re.match(r"(\w+): ", message)):  # a check across fields names its parameter
+        return error_response(400, message, param=named.group(1))
     return error_response(400, f"{param}: {message}" if param else message, param=param)
 
 
@@ -123,15 +130,6 @@ def _chunk_dict(chunk: ChatCompletionChunk | CompletionResponse) -> dict:
         if "delta" in choice:
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
     return out
-
-
-# Defined before the deployment: serve.ingress pickles the routes (and the globals they use) when
-# the class is decorated.
-async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    yield first
-    if first.done is None:
-        async for event in rest:
-            yield event
 
 
 @serve.deployment(name="JetFlow", health_check_period_s=10, health_check_timeout_s=30)
@@ -234,32 +232,76 @@ class JetFlowServer:
                 "max_prompt_tokens": self.cfg.max_prompt_tokens, "max_tokens": self.cfg.max_tokens}
         return ModelList(data=[ModelCard(id=self.model_id, created=self._created, jetflow=info)])
 
+    # ------------------------------------------------------------------ tokenizer routes (vLLM's)
+    # lm-evaluation-harness's local-completions probes /tokenizer_info and /tokenize and, when both answer, uses
+    # the served tokenizer (tokenizer_backend=remote): a client needs no copy of the model's files.
+    @api.get("/tokenizer_info")
+    def tokenizer_info(self) -> dict:
+        tok = self.target.tokenizer
+        return {"tokenizer_class": type(tok).__name__, "model_max_length": self._max_model_len,
+                "chat_template": getattr(tok, "chat_template", None),
+                **{name: getattr(tok, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}}
+
+    @api.post("/tokenize")
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        self._check_model(body.model)
+        tok = self.target.tokenizer
+        if body.messages is not None:
+            text = tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages],
+                                           add_generation_prompt=body.add_generation_prompt, tokenize=False)
+            ids = await asyncio.to_thread(tok.encode, text, add_special_tokens=False)
+        else:
+            ids = await asyncio.to_thread(tok.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+        return TokenizeResponse(count=len(ids), max_model_len=self._max_model_len, tokens=ids)
+
+    @api.post("/detokenize")
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        self._check_model(body.model)
+        self.engine.check_token_ids(body.tokens, "tokens")
+        return DetokenizeResponse(prompt=await asyncio.to_thread(self.target.tokenizer.decode, body.tokens))
+
+    @property
+    def _max_model_len(self) -> int:
+        """Prompt + completion tokens one request may hold."""
+        return self.cfg.max_prompt_tokens + self.cfg.max_tokens
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_id:
+            raise request_error(UnknownModelError, f"model {model!r} is not served here; use {self.model_id!r} "
+                                "(GET /v1/models)", "model")
+
     # ------------------------------------------------------------------ generation routes
     @api.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request):
-        return await self._serve("completions", request, body, body.prompt, chat=False, max_tokens=body.max_tokens,
-                                 respond=self._completion_response, stream=self._completion_stream)
+        k = body.logprobs
+        return await self._serve("completions", request, body, body.prompts, chat=False, max_tokens=body.max_tokens,
+                                 respond=self._completion_response, stream=self._completion_stream, logprobs=k,
+                                 prompt_logprobs=k if body.echo and k is not None else None)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
-        return await self._serve("chat", request, body, body.chat(), chat=True, max_tokens=body.requested_tokens,
-                                 respond=self._chat_response, stream=self._chat_stream)
+        return await self._serve("chat", request, body, [body.chat()], chat=True, max_tokens=body.requested_tokens,
+                                 respond=self._chat_response, stream=self._chat_stream,
+                                 logprobs=(body.top_logprobs or 0) if body.logprobs else None)
 
-    async def _serve(self, endpoint: str, request: Request, body, prompt, chat: bool, max_tokens: int | None,
-                     respond: Callable, stream: Callable):
+    async def _serve(self, endpoint: str, request: Request, body, prompts: list, chat: bool, max_tokens: int | None,
+                     respond: Callable, stream: Callable, logprobs: int | None = None,
+                     prompt_logprobs: int | None = None):
+        """One request: a choice per prompt (`jetflow.serving.choices`), decoded side by side."""
         t0 = time.perf_counter()
         # Serve's request id: the client's x-request-id when it sent one, else the one Serve gave it (echoed
         # in the response's x-request-id header)
         rid = request.headers.get("x-request-id") or f"{os.getpid()}-{next(self._seq)}"
         engine = self.engine  # this request's head and engine, to its end (a new champion serves the next one)
         try:
-            if body.model != self.model_id:
-                raise request_error(UnknownModelError, f"model {body.model!r} is not served here; use "
-                                    f"{self.model_id!r} (GET /v1/models)", "model")
-            ids = await asyncio.to_thread(engine.encode, prompt, chat)  # tokenizing off the event loop
-            dcfg = engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop, body.seed)
-            events = engine.events(rid, ids, dcfg)
-            first = await anext(events)  # the first tokens: request errors surface before any byte is sent
+            self._check_model(body.model)
+            # tokenizing off the event loop
+            ids = await asyncio.to_thread(lambda: [engine.encode(p, chat) for p in prompts])
+            dcfg = engine.decode_config(max_tokens, body.temperature, body.top_p, body.top_k, body.stop, body.seed,
+                                        logprobs, prompt_logprobs)
+            engine.check_room(len(ids))
+            picks = [Choice(i, x, p) for i, (x, p) in enumerate(zip(ids, prompts))]
+            await choices.start(engine, rid, picks, dcfg)  # request errors surface before any byte is sent
         except JetFlowError as exc:
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
             log.info("%s %s rejected: %s", endpoint, rid, exc)
@@ -268,36 +310,35 @@ class JetFlowServer:
             self._gone(endpoint, rid, t0, 0)  # `events` cancels the engine request there)
             raise
         self.metrics.active.set(self.loop.active)
-        log.info("%s %s: %d prompt tokens, max_tokens %d, temperature %s, stream %s", endpoint, rid, len(ids),
-                 dcfg.max_new_tokens, dcfg.temperature, body.stream)
+        log.info("%s %s: %d prompt tokens%s, max_tokens %d, temperature %s, stream %s", endpoint, rid,
+                 sum(len(x) for x in ids), f" in {len(ids)} prompts" if len(ids) > 1 else "", dcfg.max_new_tokens,
+                 dcfg.temperature, body.stream)
         if body.stream:
-            chunks = stream(engine, rid, first, events, body.include_usage, self._first_text(endpoint, t0))
+            chunks = stream(engine, rid, picks, body, self._first_text(endpoint, t0))
             return StreamingResponse(self._timed(engine, endpoint, rid, t0, chunks), media_type="text/event-stream")
-        gen, event = first.done, first
         try:
-            if gen is None:
-                async for event in events:
-                    gen = event.done or gen
+            gens = await choices.finish(picks)
         except JetFlowError as exc:  # e.g. the deadline passed while it ran
             self.metrics.finished(endpoint, status_of(exc)[0], time.perf_counter() - t0)
             log.info("%s %s ended: %s", endpoint, rid, exc)
             raise
         except asyncio.CancelledError:
-            self._gone(endpoint, rid, t0, event.tokens)
+            self._gone(endpoint, rid, t0, sum(c.last.tokens for c in picks if c.last))
             raise
-        self._record(endpoint, rid, t0, gen, engine=engine)
-        return respond(engine, rid, gen)
+        self._record(endpoint, rid, t0, gens, engine=engine)
+        return respond(engine, rid, picks, gens, body)
 
-    def _record(self, endpoint: str, rid: str, t0: float, gen, status: int = 200,
+    def _record(self, endpoint: str, rid: str, t0: float, gens: list | None, status: int = 200,
                 engine: GenerationEngine | None = None) -> None:
         seconds = time.perf_counter() - t0
         self.metrics.finished(endpoint, status, seconds)
         self.metrics.active.set(self.loop.active)
-        if gen is not None:
+        for i, gen in enumerate(gens or []):
             s = gen.stats
             self.metrics.generation(engine.choice.speculative, s.tau, s.tokens_per_s, len(gen.token_ids))
-            log.info("%s %s done: %d tokens (%s), %d rounds, tau %.2f, %.1f tok/s, %.2f s", endpoint, rid,
-                     len(gen.token_ids), gen.finish_reason, s.rounds, s.tau, s.tokens_per_s, seconds)
+            log.info("%s %s done: %d tokens (%s), %d rounds, tau %.2f, %.1f tok/s, %.2f s", endpoint,
+                     choice_id(rid, i, len(gens)), len(gen.token_ids), gen.finish_reason, s.rounds, s.tau,
+                     s.tokens_per_s, seconds)
 
     def _gone(self, endpoint: str, rid: str, t0: float, tokens: int) -> None:
         """A client that left before its response was complete: recorded as 499 (nginx's convention)."""
@@ -305,14 +346,14 @@ class JetFlowServer:
         log.info("%s %s closed by the client after %d tokens", endpoint, rid, tokens)
 
     async def _timed(self, engine: GenerationEngine, endpoint: str, rid: str, t0: float,
-                     chunks: AsyncIterator[tuple[str, Event]]):
-        """SSE bytes out; latency and a client that left early."""
-        event = None
+                     chunks: AsyncIterator[tuple[str, list]]):
+        """SSE bytes out; latency and a client that left early. `chunks`: (payload, every choice's latest event)."""
+        events: list = []
         try:
-            async for payload, event in chunks:
+            async for payload, events in chunks:
                 yield payload
         except (asyncio.CancelledError, GeneratorExit):  # the client disconnected
-            self._gone(endpoint, rid, t0, event.tokens if event else 0)
+            self._gone(endpoint, rid, t0, sum(e.tokens for e in events if e is not None))
             raise
         except Exception as exc:  # headers are out: end the stream with an OpenAI error event
             log.exception("%s %s failed mid-stream", endpoint, rid)
@@ -321,7 +362,8 @@ class JetFlowServer:
                                                        "server log", type="server_error"))
             yield _sse(body.model_dump())
             return
-        self._record(endpoint, rid, t0, event.done if event else None, engine=engine)
+        done = [e.done for e in events if e is not None and e.done is not None]
+        self._record(endpoint, rid, t0, done if len(done) == len(events) else None, engine=engine)
 
     def _first_text(self, endpoint: str, t0: float) -> Callable[[], None]:
         """Called by a stream at its first non-empty text: records time to first token once."""
@@ -335,53 +377,98 @@ class JetFlowServer:
         return mark
 
     # ------------------------------------------------------------------ OpenAI shapes
-    def _completion_response(self, engine: GenerationEngine, rid: str, gen) -> CompletionResponse:
-        return CompletionResponse(id=f"cmpl-{rid}", model=self.model_id, usage=engine.usage(gen),
-                                  choices=[CompletionChoice(text=gen.text, finish_reason=gen.finish_reason)])
+    def _completion_response(self, engine: GenerationEngine, rid: str, picks: list[Choice], gens: list,
+                             body: CompletionRequest) -> CompletionResponse:
+        show = body.max_tokens != 0  # max_tokens 0 (echo): one token decoded, none shown
+        out = []
+        for c, gen in zip(picks, gens):
+            tokens, entries = [], []
+            if body.echo:
+                tokens, entries = list(c.ids), [None, *(gen.prompt_logprobs or [])]
+            if show:
+                tokens += gen.token_ids
+                entries += gen.logprobs or []
+            lp = completion_logprobs(engine.token_text, tokens, entries) if body.logprobs is not None else None
+            text = (self._prompt_text(engine, c) if body.echo else "") + (gen.text if show else "")
+            out.append(CompletionChoice(index=c.index, text=text, finish_reason=gen.finish_reason, logprobs=lp))
+        return CompletionResponse(id=f"cmpl-{rid}", model=self.model_id, choices=out,
+                                  usage=engine.usage(gens, completion_tokens=None if show else 0))
 
-    def _chat_response(self, engine: GenerationEngine, rid: str, gen) -> ChatCompletionResponse:
+    @staticmethod
+    def _prompt_text(engine: GenerationEngine, c: Choice) -> str:
+        """What echo returns: the prompt as sent, or its token ids' text."""
+        return c.prompt if isinstance(c.prompt, str) else engine.target.tokenizer.decode(c.ids,
+                                                                                          skip_special_tokens=False)
+
+    def _chat_response(self, engine: GenerationEngine, rid: str, picks: list[Choice], gens: list,
+                       body: ChatCompletionRequest) -> ChatCompletionResponse:
+        gen = gens[0]
+        lp = chat_logprobs(engine.token_text, gen.logprobs) if body.logprobs else None
         return ChatCompletionResponse(
             id=f"chatcmpl-{rid}", model=self.model_id, usage=engine.usage(gen),
-            choices=[ChatChoice(message=AssistantMessage(content=gen.text), finish_reason=gen.finish_reason)])
+            choices=[ChatChoice(message=AssistantMessage(content=gen.text), finish_reason=gen.finish_reason,
+                                logprobs=lp)])
 
-    async def _chat_stream(self, engine: GenerationEngine, rid: str, first: Event, events: AsyncIterator[Event],
-                           include_usage: bool, on_text: Callable[[], None]):
+    async def _chat_stream(self, engine: GenerationEngine, rid: str, picks: list[Choice], body: ChatCompletionRequest,
+                           on_text: Callable[[], None]):
         cid = f"chatcmpl-{rid}"
 
-        def chunk(delta: Delta, finish: str | None = None) -> str:
-            return _sse(_chunk_dict(ChatCompletionChunk(id=cid, model=self.model_id,
-                                                        choices=[ChunkChoice(delta=delta, finish_reason=finish)])))
+        def chunk(delta: Delta, finish: str | None = None, logprobs: list | None = None) -> str:
+            lp = chat_logprobs(engine.token_text, logprobs) if logprobs else None
+            return _sse(_chunk_dict(ChatCompletionChunk(id=cid, model=self.model_id, choices=[
+                ChunkChoice(delta=delta, finish_reason=finish, logprobs=lp)])))
 
-        yield chunk(Delta(role="assistant", content="")), first
-        async for event in _chain(first, events):
-            if event.text:
-                on_text()
-                yield chunk(Delta(content=event.text)), event
+        latest = [picks[0].first]
+        yield chunk(Delta(role="assistant", content="")), latest
+        async for _, event in choices.merged(picks):
+            latest = [event]
+            if event.text or event.logprobs:
+                if event.text:
+                    on_text()
+                yield chunk(Delta(content=event.text), logprobs=event.logprobs if body.logprobs else None), latest
         gen = event.done
-        yield chunk(Delta(), finish=gen.finish_reason), event
-        if include_usage:
+        yield chunk(Delta(), finish=gen.finish_reason), latest
+        if body.include_usage:
             final = ChatCompletionChunk(id=cid, model=self.model_id, choices=[], usage=engine.usage(gen))
-            yield _sse(final.model_dump(mode="json")), event
-        yield _sse("[DONE]"), event
+            yield _sse(final.model_dump(mode="json")), latest
+        yield _sse("[DONE]"), latest
 
-    async def _completion_stream(self, engine: GenerationEngine, rid: str, first: Event,
-                                 events: AsyncIterator[Event], include_usage: bool, on_text: Callable[[], None]):
+    async def _completion_stream(self, engine: GenerationEngine, rid: str, picks: list[Choice],
+                                 body: CompletionRequest, on_text: Callable[[], None]):
+        """Each choice's chunks in order (a batch interleaves them, by `index`); with echo each choice's first chunk
+        is its prompt. max_tokens 0: the prompt only."""
         cid = f"cmpl-{rid}"
+        show = body.max_tokens != 0
+        offsets = [0] * len(picks)       # each choice's text_offset so far (the logprobs' token texts)
+        latest = [c.first for c in picks]
 
-        def chunk(text: str, finish: str | None = None) -> str:
+        def chunk(c: Choice, text: str, finish: str | None = None, tokens=(), entries=()) -> str:
+            lp = None
+            if body.logprobs is not None and tokens:
+                lp = completion_logprobs(engine.token_text, tokens, entries, offsets[c.index])
+                offsets[c.index] = lp.text_offset[-1] + len(lp.tokens[-1])
             return _sse(CompletionResponse(id=cid, model=self.model_id, choices=[
-                CompletionChoice(text=text, finish_reason=finish)]).model_dump(mode="json", exclude={"usage"}))
+                CompletionChoice(index=c.index, text=text, finish_reason=finish, logprobs=lp)]).model_dump(
+                mode="json", exclude={"usage"}))
 
-        async for event in _chain(first, events):
-            if event.text:
-                on_text()
-                yield chunk(event.text), event
-        gen = event.done
-        yield chunk("", finish=gen.finish_reason), event
-        if include_usage:
-            final = CompletionResponse(id=cid, model=self.model_id, choices=[], usage=engine.usage(gen))
-            yield _sse(final.model_dump(mode="json")), event
-        yield _sse("[DONE]"), event
+        async for c, event in choices.merged(picks):
+            latest[c.index] = event
+            if body.echo and event is c.first:
+                yield chunk(c, self._prompt_text(engine, c), tokens=c.ids,
+                            entries=[None, *(event.prompt_logprobs or [])]), latest
+            new = (event.logprobs or []) if show else []
+            if (event.text and show) or (new and body.logprobs is not None):
+                if event.text and show:
+                    on_text()
+                yield chunk(c, event.text if show else "", tokens=[e.token for e in new], entries=new), latest
+            if event.done is not None:
+                yield chunk(c, "", finish=event.done.finish_reason), latest
+        if body.include_usage:
+            gens = [e.done for e in latest]
+            final = CompletionResponse(id=cid, model=self.model_id, choices=[],
+                                       usage=engine.usage(gens, completion_tokens=None if show else 0))
+            yield _sse(final.model_dump(mode="json")), latest
+        yield _sse("[DONE]"), latest
 
     def __del__(self):
         follower, loop = getattr(self, "_follower", None), getattr(self, "loop", None)

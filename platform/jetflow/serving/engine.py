@@ -11,12 +11,14 @@ refused (429). A request past its deadline, or whose client went away, leaves th
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from jetflow.decode import DecodeConfig, Generation
@@ -24,6 +26,7 @@ from jetflow.engine import Engine, EngineConfig, RequestTimeoutError
 from jetflow.engine.kv import return_freed_memory
 from jetflow.errors import InvalidSettingError, JetFlowError, PromptTooLongError
 from jetflow.serving.config import ServeConfig
+from jetflow.serving.logprobs import TokenText
 from jetflow.serving.schema import JetFlowUsage, Usage
 from jetflow.serving.selection import HeadChoice
 from jetflow.tree import TreeSpec
@@ -42,6 +45,8 @@ class Event:
     text: str
     tokens: int
     done: Generation | None = None
+    logprobs: list | None = None          # TokenLogprob per new token (the request asked for logprobs)
+    prompt_logprobs: list | None = None   # on the first event of a request that asked: per prompt token but the first
 
 
 def request_error(cls: type[Exception], message: str, param: str | None) -> Exception:
@@ -259,9 +264,10 @@ class EngineLoop:
         sub.tokens += len(event.tokens)
         text = sub.stream.update(event.tokens) if event.tokens else ""
         if event.finished:
-            sub.put(Event(text + sub.stream.finish(event.generation.text), sub.tokens, done=event.generation))
-        elif text:
-            sub.put(Event(text, sub.tokens))
+            sub.put(Event(text + sub.stream.finish(event.generation.text), sub.tokens, done=event.generation,
+                          logprobs=event.logprobs, prompt_logprobs=event.prompt_logprobs))
+        elif text or event.logprobs or event.prompt_logprobs is not None:  # logprobs of text still held back too
+            sub.put(Event(text, sub.tokens, logprobs=event.logprobs, prompt_logprobs=event.prompt_logprobs))
 
 
 class GenerationEngine:
@@ -295,9 +301,7 @@ class GenerationEngine:
 
         param = "messages" if chat else "prompt"
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            if any(not 0 <= t < self.target.vocab_size for t in prompt):
-                raise request_error(InvalidSettingError, "prompt token ids must be in "
-                                    f"0..{self.target.vocab_size - 1}", param)
+            self.check_token_ids(prompt, param)
             ids = list(prompt)
         else:
             ids = encode_prompt(self.target.tokenizer, prompt, raw=not chat)
@@ -306,21 +310,52 @@ class GenerationEngine:
                                 f"most {self.cfg.max_prompt_tokens}: shorten it", param)
         return ids
 
+    def check_token_ids(self, ids: Sequence[int], param: str) -> None:
+        if any(not 0 <= t < self.target.vocab_size for t in ids):
+            raise request_error(InvalidSettingError, f"{param}: token ids must be in 0..{self.target.vocab_size - 1}",
+                                param)
+
     def decode_config(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int,
-                      stop: list[str], seed: int | None) -> DecodeConfig:
-        """Request sampling settings + the served tree setting → a validated DecodeConfig."""
+                      stop: list[str], seed: int | None, logprobs: int | None = None,
+                      prompt_logprobs: int | None = None) -> DecodeConfig:
+        """Request sampling settings + the served tree setting → a validated DecodeConfig. A request for its
+        prompt's logprobs (echo) is decoded plainly: it asks for one token, or none (`max_tokens` 0 decodes one,
+        which the response leaves out)."""
         n = self.cfg.default_max_tokens if max_tokens is None else max_tokens
         if n > self.cfg.max_tokens:
             raise request_error(InvalidSettingError, f"max_tokens {n} exceeds this server's limit of "
                                 f"{self.cfg.max_tokens}; ask for fewer tokens", "max_tokens")
-        tree = self.choice.tree if self.choice.speculative else TreeSpec(budget=1)
-        return DecodeConfig(tree=tree, max_new_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k,
-                            stop=stop, seed=seed)
+        plain = not self.choice.speculative or prompt_logprobs is not None
+        tree = TreeSpec(budget=1) if plain else self.choice.tree
+        return DecodeConfig(tree=tree, max_new_tokens=max(n, 1), temperature=temperature, top_p=top_p, top_k=top_k,
+                            stop=stop, seed=seed, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
-    def usage(self, gen: Generation) -> Usage:
-        s = gen.stats
-        return Usage(prompt_tokens=s.prompt_tokens, completion_tokens=len(gen.token_ids),
-                     total_tokens=s.prompt_tokens + len(gen.token_ids),
+    def check_room(self, prompts: int) -> None:
+        """A batch of `prompts` (one request, one choice each) must fit this replica at once: InvalidSettingError
+        (400) past its slots + queue, QueueFullError (429) past what is free now. One prompt: `events` checks."""
+        most = self.cfg.max_slots + self.cfg.max_queued_requests
+        if prompts > most:
+            raise request_error(InvalidSettingError, f"{prompts} prompts in one request; this server takes at most "
+                                f"{most} at once: send smaller batches", "prompt")
+        free = max(0, self.cfg.max_slots - self.engine.active) + max(0, self.cfg.max_queued_requests
+                                                                    - self.engine.queued)
+        if prompts > 1 and prompts > free:
+            raise QueueFullError(f"this replica has room for {free} of the batch's {prompts} prompts now "
+                                 f"({self.engine.active} running, {self.engine.queued} waiting); retry later")
+
+    @cached_property
+    def token_text(self) -> TokenText:
+        """Token id → text and bytes, for logprobs (cached per token)."""
+        return TokenText(self.target.tokenizer)
+
+    def usage(self, gens: Generation | Sequence[Generation], completion_tokens: int | None = None) -> Usage:
+        """Usage of one generation, or of a batch's (summed; τ and tokens/s over all its rounds).
+        `completion_tokens`: what the response holds, when it leaves the decoded tokens out (max_tokens 0)."""
+        gens = [gens] if isinstance(gens, Generation) else list(gens)
+        s = functools.reduce(lambda a, b: a.merge(b), [g.stats for g in gens])
+        done = sum(len(g.token_ids) for g in gens) if completion_tokens is None else completion_tokens
+        return Usage(prompt_tokens=s.prompt_tokens, completion_tokens=done,
+                     total_tokens=s.prompt_tokens + done,
                      jetflow=JetFlowUsage(speculative=self.choice.speculative, head=self.choice.label,
                                           head_version=self.choice.version,
                                           tree=self.choice.tree.to_dict() if self.choice.speculative else None,

@@ -11,7 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from jetflow.decode.config import MAX_TOP_LOGPROBS
+
+MAX_COMPLETION_LOGPROBS = 5   # OpenAI's cap on completions' `logprobs` (chat's `top_logprobs`: MAX_TOP_LOGPROBS, 20)
 
 
 class _Request(BaseModel):
@@ -41,7 +45,7 @@ class _Sampling(_Request):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
-    @field_validator("presence_penalty", "frequency_penalty", "logprobs", "echo", "suffix", check_fields=False)
+    @field_validator("presence_penalty", "frequency_penalty", "suffix", check_fields=False)
     @classmethod
     def _neutral_only(cls, v: Any) -> Any:
         if v not in (None, False, 0, 0.0, ""):
@@ -64,23 +68,51 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions: the prompt is fed as is (no chat template)."""
+    """POST /v1/completions: the prompt is fed as is (no chat template). A batch (a list of texts or of token-id
+    lists) is answered with one choice per prompt, in `index` order."""
 
-    prompt: str | list[int] | list[str] = Field(description="text, token ids, or a list with one text")
-    echo: bool = False
-    logprobs: int | None = None
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="text, token ids, or a batch: a list of texts or a list of token-id lists")
+    max_tokens: int | None = Field(None, ge=0, description="0: with echo, the prompt's logprobs only")
+    echo: bool = Field(False, description="the prompt before the completion (with logprobs: its tokens' too)")
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS,
+                                 description="each token's log-probability and its k likeliest alternatives")
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_shape(cls, v: Any) -> Any:
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+        if not (isinstance(v, str) or ids(v) or (isinstance(v, list) and (all(isinstance(p, str) for p in v)
+                                                                          or all(ids(p) for p in v)))):
+            raise ValueError("give a text, a list of token ids, or a batch: a list of texts or a list of token-id "
+                             "lists (one kind per request)")
+        return v
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (send several requests for a batch)")
-            v = v[0]
+    def _no_empty_prompt(cls, v: str | list[int] | list[str] | list[list[int]]):
         if not v:
             raise ValueError("the prompt is empty")
+        if isinstance(v, list) and isinstance(v[0], (str, list)):
+            empty = [i for i, p in enumerate(v) if not p]
+            if empty:
+                raise ValueError(f"prompt {empty[0]} of the batch is empty")
         return v
+
+    @model_validator(mode="after")
+    def _zero_tokens_only_to_echo(self) -> "CompletionRequest":
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 asks for no completion; it is only for echo (the prompt's logprobs)")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one prompt (text or token ids) per choice."""
+        v = self.prompt
+        return list(v) if isinstance(v, list) and isinstance(v[0], (str, list)) else [v]
 
 
 class ContentPart(_Request):
@@ -102,16 +134,23 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(None, description="each generated token's log-probability")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                     description="with logprobs: the k likeliest alternatives of each token")
     tools: list[dict] | None = None
 
-    @field_validator("top_logprobs", "tools")
+    @field_validator("tools")
     @classmethod
     def _unsupported(cls, v: Any) -> Any:
         if v:
             raise ValueError("not supported by this server")
         return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true to use top_logprobs")
+        return self
 
     @property
     def requested_tokens(self) -> int | None:
@@ -145,11 +184,21 @@ class Usage(BaseModel):
     jetflow: JetFlowUsage
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions' logprobs: per token its text, log-probability (None for an echoed prompt's first
+    token), its alternatives {text: log-prob} (the k likeliest, plus the token itself) and its character offset."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -161,6 +210,21 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None            # the token's UTF-8 bytes (a token may hold part of a character)
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]     # the k likeliest tokens at this position, most likely first
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None
+    refusal: list[TokenLogprobEntry] | None = None
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -170,7 +234,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -191,7 +255,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -214,6 +278,38 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize (vLLM's route, which lm-evaluation-harness probes): a text, or chat messages rendered with the
+    chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give prompt or messages, exactly one")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ErrorDetail(BaseModel):
