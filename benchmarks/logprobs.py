@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--logprobs", default="1,5", help="the logprobs counts to compare with none")
     p.add_argument("--echo-prompts", type=int, default=8, help="echo requests per loop (HumanEval prompts)")
+    p.add_argument("--graphs", default="auto", help="engine steps: off (eager), compile, auto (this host's verdict)")
     p.add_argument("--out", default=str(Path.home() / ".jetflow" / "bench" / "logprobs"))
     args = p.parse_args(argv)
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in levels:
         for mode, (h, tree) in modes.items():
             for k in ks:
-                engine = Engine(target, h, EngineConfig(max_slots=slots, policy="fixed"))
+                engine = Engine(target, h, EngineConfig(max_slots=slots, policy="fixed", graphs=args.graphs))
                 engine.generate([chats[0]], DecodeConfig(tree=tree, max_new_tokens=4))  # warm-up
                 cfg = DecodeConfig(tree=tree, max_new_tokens=args.new_tokens, logprobs=k)
                 loops.append(ClosedLoop(engine, chats, cfg, c, args.requests * c))
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     echo_loops, echo_keys = [], []
     for c in levels:
         for k in (None, 1):
-            engine = Engine(target, head, EngineConfig(max_slots=slots, policy="fixed"))
+            engine = Engine(target, head, EngineConfig(max_slots=slots, policy="fixed", graphs=args.graphs))
             cfg = DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=1, logprobs=k, prompt_logprobs=k)
             engine.generate([code[0]], cfg)  # warm-up
             echo_loops.append(ClosedLoop(engine, code, cfg, c, max(args.echo_prompts, c)))
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = sum(len(x) for x in code) / len(code)
 
     report = {"model": args.model, "head": args.head, "budget": args.budget, "new_tokens": args.new_tokens,
-              "threads": torch.get_num_threads(), "device": str(target.device), "seconds": time.perf_counter() - t0,
+              "threads": torch.get_num_threads(), "device": str(target.device), "graphs": loops[0].engine.graphs,
+              "seconds": time.perf_counter() - t0,
               "decode": decode, "echo": echo, "echo_prompt_tokens": prompt_tokens}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,8 +97,9 @@ def markdown(report: dict, levels: list[int], ks: list, modes: list[str]) -> str
     def fmt(k):
         return "none" if k is None else f"k={k}"
 
-    lines = [f"{report['model']}, head {report['head']}, budget {report['budget']}, {report['new_tokens']} new tokens, "
-             f"{report['threads']} threads, {report['device']}: aggregate tokens/s (each loop on its own clock)", "",
+    lines = [f"{report['model']}, head {report['head']}, budget {report['budget']}, {report['new_tokens']} new "
+             f"tokens, {report['threads']} threads, {report['device']}, graphs={report['graphs']}: aggregate tokens/s "
+             "(each loop on its own clock, prefill included)", "",
              "| clients | mode | " + " | ".join(f"logprobs {fmt(k)}" for k in ks) + " | cost of the largest |",
              "|---:|---|" + "---:|" * (len(ks) + 1)]
     for c in levels:
@@ -104,8 +107,8 @@ def markdown(report: dict, levels: list[int], ks: list, modes: list[str]) -> str
             rates = [report["decode"][f"{c}/{mode}/{k}"]["tokens_per_s"] for k in ks]
             lines.append(f"| {c} | {mode} | " + " | ".join(f"{r:.1f}" for r in rates)
                          + f" | {100 * (1 - rates[-1] / rates[0]):+.1f} % |")
-    lines += ["", f"echo requests (lm-eval loglikelihood: max_tokens 1, plain; {report['echo_prompt_tokens']:.0f}-token "
-                  "HumanEval prompts): requests/s", "",
+    lines += ["", f"echo requests (lm-eval loglikelihood: max_tokens 1, plain; {report['echo_prompt_tokens']:.0f}-"
+                  "token HumanEval prompts): requests/s", "",
               "| clients | no logprobs | echo + logprobs 1 | cost |", "|---:|---:|---:|---:|"]
     for c in levels:
         a, b = (report["echo"][f"{c}/{k}"] for k in (None, 1))

@@ -29,7 +29,7 @@ os.environ.setdefault("JETFLOW_GRAPHS", "off")
 # whichever worker is free. Work goes out in collection order, so the longest files come first and the
 # spread tests last, where they fill in until both workers finish together.
 LONGEST_FIRST = ("test_serving.py", "test_sweeps.py", "test_live_tracking.py", "test_train.py", "test_engine.py",
-                 "test_eval.py", "test_cli.py", "test_sampling_lossless.py")
+                 "test_eval.py", "test_lm_eval.py", "test_cli.py", "test_sampling_lossless.py")
 SPREAD = ("test_decoder_lossless.py",)
 
 

@@ -719,7 +719,8 @@ def test_requests_are_validated_like_openai_does():
     lm_eval = CompletionRequest.model_validate({"model": "m", "prompt": [[5, 6]], "temperature": 0, "max_tokens": 1,
                                                 "logprobs": 1, "seed": 1234, "echo": True})   # its loglikelihood
     assert lm_eval.echo and lm_eval.logprobs == 1 and lm_eval.prompts == [[5, 6]]
-    assert CompletionRequest.model_validate({"model": "m", "prompt": "x", "echo": True, "max_tokens": 0}).max_tokens == 0
+    echo_only = CompletionRequest.model_validate({"model": "m", "prompt": "x", "echo": True, "max_tokens": 0})
+    assert echo_only.max_tokens == 0
     for bad in ({"model": "m", "prompt": ""}, {"model": "m", "prompt": []}, {"model": "m", "prompt": [[1], []]},
                 {"model": "m", "prompt": ["a", [1]]}, {"model": "m", "prompt": [True]},
                 {"model": "m", "prompt": "x", "logprobs": 6}, {"model": "m", "prompt": "x", "max_tokens": 0},
