@@ -17,7 +17,10 @@ d. the speedup the step cost projects at the paper's τ (Qwen3-8B, budget 256) b
    and the batch-1 tokens/s it projects at JetSpec's τ (budget 128) beside JetSpec's own engine (B200), with
    the engine step at that budget split into its phases (draft, verify + acceptance walk, commit) against
    the verify forward and the weight-read floor: the biggest gap, named;
-e. what CUDA graphs (torch.compile, reduce-overhead) and a static KV cache do to the AR step, on and off.
+e. what CUDA graphs (torch.compile, reduce-overhead) and a static KV cache do to the AR step, on and off;
+f. JetFlow's step core (`jetflow.stepcore`, graphs=compile: static KV, torch.compile per bucket) beside the eager
+   engine: the engine step of one row, plain and with a tree, its compile seconds; and (in part a) the compiled
+   engine's outputs against greedy AR.
 
 Every part runs under a time budget and reports "skipped"/"failed: …" instead of stopping the whole check;
 gpu_check.json is rewritten after every part, so a run stopped at a time limit keeps what it measured.
@@ -149,10 +152,15 @@ def _lossless_in(args, dtype: torch.dtype) -> dict:
     for budget_n in ((8, 32) if args.quick else (8, 64)):
         cfg = DecodeConfig(tree=TreeSpec(budget=budget_n), max_new_tokens=new)
         single = [Decoder(target, head).generate(p, cfg).token_ids for p in prompts]
-        batched = [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=n_prompts)).generate(prompts, cfg)]
+        batched = [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=n_prompts, graphs="off"))
+                   .generate(prompts, cfg)]
+        compiled = [g.token_ids for g in Engine(target, head, EngineConfig(
+            max_slots=n_prompts, graphs="compile", graphs_backend=args.graphs_backend)).generate(prompts, cfg)]
         res[f"decoder_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(single, ar)), first_divergence)
         res[f"engine_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(batched, ar)), first_divergence)
         res[f"engine_b{budget_n}_vs_hf"] = _divergences(target, prompts, list(zip(batched, hf)), first_divergence)
+        res[f"compiled_engine_b{budget_n}_vs_ar"] = _divergences(target, prompts, list(zip(compiled, ar)),
+                                                                 first_divergence)
     return res
 
 
@@ -240,16 +248,18 @@ def _head_forward_ms(target, head, context: int, reps: int) -> float:
 
 
 @torch.inference_mode()
-def part_anatomy(target, head, context: int, nodes: int, steps: int) -> dict:
+def part_anatomy(target, head, context: int, nodes: int, steps: int, graphs: str = "off",
+                 backend: str = "inductor") -> dict:
     """Where one engine step of one row at an `nodes`-node accum_logp tree goes: the engine's own phase
     clocks (draft: head forward + top-W to the host + tree build; verify: the tree forward + the acceptance
     walk's LM-head rounds; commit: KV compaction + the head's context update), medians over `steps` steps
-    after two warm-up steps."""
+    after two warm-up steps (graphs=compile: the first compiles the step's buckets)."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine import Engine, EngineConfig
     from jetflow.tree import TreeSpec
 
-    engine = Engine(target, head, EngineConfig(max_slots=1, prefill_chunk=context, prefill_tokens=context))
+    engine = Engine(target, head, EngineConfig(max_slots=1, prefill_chunk=context, prefill_tokens=context,
+                                               graphs=graphs, graphs_backend=backend))
     cfg = DecodeConfig(tree=TreeSpec("accum_logp", nodes, 7),
                        max_new_tokens=(steps + 4) * (head.config.block_size + 1))
     engine.add([(31 * i + 5) % target.vocab_size for i in range(context + 1)], cfg)
@@ -267,6 +277,8 @@ def part_anatomy(target, head, context: int, nodes: int, steps: int) -> dict:
                 phases[key].append(sec * 1000)
     out = {f"{k}_ms": statistics.median(v) for k, v in phases.items() if v}
     out.update({"nodes": nodes, "rows": 1, "context": context, "steps": len(phases["step"])})
+    if engine.runner is not None:
+        out["compile_s"] = engine.runner.compile_s
     return out
 
 
@@ -405,6 +417,23 @@ def part_compile(args, budget: Budget) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------- f. the step core
+def part_stepcore(args, budget: Budget) -> dict:
+    """The engine step of one row (SmolLM2 shape), eager vs the compiled step core, side by side: a plain
+    step and a `nodes`-node tree, each mode's phases as `part_anatomy` clocks them, and the compile seconds."""
+    if budget.left < 120:
+        return {"skipped": "time budget"}
+    target = make_target("smollm2-135m", args.device, DTYPES[args.dtype], args.quick)
+    head = random_head(target, HEAD_LAYERS["smollm2-135m"])
+    context, steps = (64, 3) if args.quick else (512, 10)
+    out = {"backend": args.graphs_backend, "context": context}
+    for nodes in (1, 16 if args.quick else JETSPEC_BUDGET):
+        for graphs in ("off", "compile"):
+            out[f"{graphs}_n{nodes}"] = part_anatomy(target, head, context, nodes, steps, graphs, args.graphs_backend)
+        out[f"speedup_n{nodes}"] = out[f"off_n{nodes}"]["step_ms"] / out[f"compile_n{nodes}"]["step_ms"]
+    return out
+
+
 # ----------------------------------------------------------------------------------- report
 def markdown(report: dict) -> str:
     lines = [f"# GPU check — {report['device_name']}, {report['dtype']}{' (quick, scaled-down shapes)' if report['quick'] else ''}",
@@ -469,6 +498,18 @@ def markdown(report: dict) -> str:
                          "; ".join(f"{k} {v:.2f} ms" for k, v in js["gaps_ms"].items()) +
                          f". Biggest: **{js['biggest_gap']}**")
     lines += ["", "## e. AR step: CUDA graphs and static KV", json.dumps(report["compile"], indent=1, default=str)]
+    core = report.get("stepcore") or {}
+    lines += ["", f"## f. The step core (graphs=compile, backend {core.get('backend', '?')}) beside the eager engine, "
+                  "1 row, SmolLM2 shape"]
+    if not core or "skipped" in core or "failed" in core:
+        lines.append(f"- {core.get('skipped') or core.get('failed') or 'not run'}")
+    else:
+        for key in [k for k in core if k.startswith("speedup_n")]:
+            n = key.removeprefix("speedup_n")
+            off, on = core[f"off_n{n}"], core[f"compile_n{n}"]
+            lines.append(f"- {n} node(s): eager step {off['step_ms']:.2f} ms (draft {off['draft_ms']:.2f}, verify "
+                         f"{off['verify_ms']:.2f}), compiled {on['step_ms']:.2f} ms (draft {on['draft_ms']:.2f}, verify "
+                         f"{on['verify_ms']:.2f}): **{core[key]:.2f}x**; compiled in {on.get('compile_s', 0):.1f} s")
     return "\n".join(lines) + "\n"
 
 
@@ -479,9 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="scaled-down shapes and sizes (CPU)")
     p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 450 s, quick 280 s)")
     p.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
-    p.add_argument("--parts", default="a,b,c,d,e", help="which parts to run (b includes c)")
+    p.add_argument("--parts", default="a,b,c,d,e,f", help="which parts to run (b includes c)")
     p.add_argument("--prompts", type=int, default=8, help="random prompts of the losslessness part (not --quick)")
     p.add_argument("--commit", default=None, help="the git commit measured (recorded in the report)")
+    p.add_argument("--graphs-backend", default="inductor", help="torch.compile backend of the step core (parts a, f; "
+                                                                "eager / aot_eager: capture only, for a rehearsal)")
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.device == "cpu":
@@ -501,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = [("lossless", "a", lambda: part_lossless(args, budget)), ("costs", "b", lambda: part_costs(args, budget)),
              ("projection", "d", lambda: part_projection(report["costs"])),
-             ("jetspec", "d", lambda: part_jetspec(report["costs"])), ("compile", "e", lambda: part_compile(args, budget))]
+             ("jetspec", "d", lambda: part_jetspec(report["costs"])), ("compile", "e", lambda: part_compile(args, budget)),
+             ("stepcore", "f", lambda: part_stepcore(args, budget))]
     for key, part, run in steps:
         report[key] = {}
         if part in parts:

@@ -19,8 +19,8 @@ ENV = {"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin", "OMP_NUM_T
 @pytest.mark.slow
 def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--quick",
-                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
-                            env=ENV)
+                             "--graphs-backend", "aot_eager", "--out", str(tmp_path)], capture_output=True, text=True,
+                            timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert (tmp_path / "gpu_check.md").read_text().startswith("# GPU check")
@@ -29,6 +29,9 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
         assert isinstance(parts, dict), parts
         assert all(v["divergent"] == 0 for k, v in parts.items() if isinstance(v, dict)), parts
     assert parts["engine_b8_vs_ar"]["identical"] + parts["engine_b8_vs_ar"]["tie_flips"] == parts["prompts"]
+    for budget in (8, 32):  # the compiled step core's engine, too
+        row = report["lossless"]["fp32"][f"compiled_engine_b{budget}_vs_ar"]
+        assert row["divergent"] == 0 and row["identical"] + row["tie_flips"] == parts["prompts"]
     for shape in ("smollm2-135m", "qwen3-8b"):
         costs = report["costs"][shape]
         assert isinstance(costs, dict), costs
@@ -48,6 +51,11 @@ def test_gpu_check_runs_quick_on_cpu_and_reports_every_part(tmp_path):
         assert jetspec[name]["projected_tokens_per_s"] == pytest.approx(tau * 1000 / jetspec["step_ms"])
     assert jetspec["biggest_gap"] == max(jetspec["gaps_ms"], key=jetspec["gaps_ms"].get)
     assert report["commit"] is None  # --commit not given
+    core = report["stepcore"]  # the step core beside the eager engine, a plain step and a 16-node tree
+    assert core["backend"] == "aot_eager" and set(core) >= {"off_n1", "compile_n1", "off_n16", "compile_n16"}
+    assert all(core[k]["step_ms"] > 0 for k in ("off_n1", "compile_n1", "off_n16", "compile_n16"))
+    assert core["compile_n16"]["compile_s"] > 0 and "compile_s" not in core["off_n16"]
+    assert "## f. The step core" in (tmp_path / "gpu_check.md").read_text()
 
 
 @pytest.mark.slow

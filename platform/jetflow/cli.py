@@ -185,6 +185,59 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class GraphsOptions:
+    measure: bool = False                # measure eager vs compiled decoding on this host, side by side, and keep
+                                         # the verdict `graphs=auto` follows ($JETFLOW_HOME/cache/graphs.json)
+    model: str = "smollm2-135m"          # target: bundled name, local HF folder or hub id
+    head: str | None = None              # also measure a tree setting with this head (default: AR only)
+    tree: TreeSpec = field(default_factory=TreeSpec)  # the tree setting measured with --head
+    prompts: int = 4                     # held-out prompts per set (MT-Bench, HumanEval)
+    max_new_tokens: int = 32             # tokens generated per prompt
+    passes: int = 1                      # passes over the prompts (modes alternate prompt by prompt)
+
+
+def cmd_graphs(args: argparse.Namespace) -> int:
+    """Show what `graphs=auto` resolves to on this host; with --measure, measure it first."""
+    import torch
+
+    from jetflow.stepcore.modes import read_verdict, resolve_graphs, verdicts_file
+
+    opts: GraphsOptions = build_config(GraphsOptions, args)
+    if opts.measure:
+        from jetflow.data import load_prompts
+        from jetflow.decode import encode_prompt
+        from jetflow.head import HeadRef
+        from jetflow.stepcore.calibrate import measure_and_record
+        from jetflow.target import TargetModel
+
+        ref = HeadRef.parse(opts.head)
+        ref.resolve()
+        target = TargetModel.load(opts.model)
+        loaded = ref.load(target)
+        items = load_prompts("mtbench", limit=opts.prompts) + load_prompts("humaneval", limit=opts.prompts)
+        prompts = [encode_prompt(target.tokenizer, it.chat) for it in items]
+        tree = opts.tree.capped(loaded.head.config.block_size) if loaded else None
+        result, key = measure_and_record(target, prompts, loaded.head if loaded else None, tree,
+                                         opts.max_new_tokens, opts.passes)
+        print(f"compiled {len(result['buckets'])} buckets in {result['compile_s']:.1f} s")
+        for label, r in result["settings"].items():
+            print(f"{label}: eager {r['eager_tok_s']:.1f} tok/s, compiled {r['compiled_tok_s']:.1f} tok/s "
+                  f"({r['ratio']:.2f}x), lossless {r['lossless']}")
+        print(f"verdict for {key}: ratio {result['ratio']:.2f} -> auto = {resolve_graphs('auto', key)[0]} "
+              f"(kept in {verdicts_file()})")
+        return 0
+    from jetflow.stepcore.modes import host_key
+
+    key = host_key("cuda" if torch.cuda.is_available() else "cpu", opts.model, "float32", torch.get_num_threads())
+    mode, why = resolve_graphs("auto", key)
+    print(f"graphs=auto on this host ({key}): {mode} — {why}")
+    verdict = read_verdict(key)
+    if verdict:
+        print(json.dumps(verdict, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jetflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a head as a checkpoint vLLM's dflash speculative method loads")
     add_dataclass_args(e, ExportOptions, "export")
     e.set_defaults(func=cmd_export)
+
+    gr = sub.add_parser("graphs", help="what graphs=auto means on this host; --measure: eager vs compiled, measured",
+                        description=cmd_graphs.__doc__)
+    add_dataclass_args(gr, GraphsOptions, "graphs")
+    gr.set_defaults(func=cmd_graphs)
 
     p = sub.add_parser("prepare-model", help="convert a bundled target into $JETFLOW_HOME/models (once)")
     p.add_argument("name", help="bundled target name, e.g. smollm2-135m")

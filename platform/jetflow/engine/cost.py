@@ -120,7 +120,7 @@ class _SetTree:
 
 
 def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes: Sequence[int] = (1, 4, 8, 16, 32),
-                       context: int = 200, repeats: int = 16) -> StepCostCurve:
+                       context: int = 200, repeats: int = 16, graphs: str = "off") -> StepCostCurve:
     """Time engine steps on this device: per batch size B, one engine with B rows of `context` random tokens
     each — every row drafting an N-node accum_logp tree with `head` (a random head is fine: it is the shapes
     that cost, and a walk that accepts little still pays every forward; with the demo head, these steps and
@@ -132,7 +132,7 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     (measured one size after another, plain decoding at one row — the first point — came out 10-25 % slow
     on a noisy host; measured one batch size after another, a 4-row plain step once came out cheaper than a
     2-row one). The prefill cost per prompt token is the median of three single-row prefills of a
-    `context`-token prompt."""
+    `context`-token prompt. `graphs`: how the engines run their steps (compile: round 0 compiles each bucket)."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine.engine import Engine, EngineConfig
     from jetflow.eval.cost_model import device_name
@@ -145,8 +145,8 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     engines, prefill_ms = [], []
     for b in batch:  # every batch size's rows prefilled first; they stay in their engine for the whole run
         policy = _SetTree(trees[0])
-        engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b),
-                        policy=policy)
+        engine = Engine(target, head, EngineConfig(max_slots=b, prefill_chunk=context, prefill_tokens=context * b,
+                                                   graphs=graphs), policy=policy)
         cfg = DecodeConfig(tree=trees[-1], max_new_tokens=engine.max_len - context -
                            (head.config.block_size if head else 0) - 2)
         prompts = [[(17 * r + 31 * i + 5) % vocab for i in range(context + 1)] for r in range(b)]
@@ -182,10 +182,12 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
                          statistics.median(prefill_ms) if prefill_ms else 0.0)
 
 
-def cached_step_curve(target, head, max_slots: int, max_budget: int, context: int = 200) -> StepCostCurve:
+def cached_step_curve(target, head, max_slots: int, max_budget: int, context: int = 200,
+                      graphs: str = "off") -> StepCostCurve:
     """The step cost curve of this target, head shape and device, measured once per machine and kept under
     `$JETFLOW_HOME/cost/` (batch sizes 1, 2, 4, … up to `max_slots`; tree sizes 1, 4, 8, … up to
-    `max_budget`): the auto policy of every later engine on this machine starts from it."""
+    `max_budget`): the auto policy of every later engine on this machine starts from it. `graphs`: the
+    engines' resolved step mode (off or compile): each has its own curve."""
     import hashlib
 
     import torch
@@ -198,11 +200,12 @@ def cached_step_curve(target, head, max_slots: int, max_budget: int, context: in
     identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
                 "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
                 "context": context, "head": head.config.to_dict() if head is not None else None,
-                "measures": "steps+prefill, batch and tree sizes alternating"}  # a curve cached by an older method is re-measured
+                "measures": "steps+prefill, batch and tree sizes alternating",  # a curve cached by an older method
+                **({"graphs": graphs} if graphs != "off" else {})}                # is re-measured
     key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = jetflow_home() / "cost" / f"steps-{key}.json"
     if path.is_file():
         return StepCostCurve.load(path)
-    curve = measure_step_curve(target, head, batch, nodes, context)
+    curve = measure_step_curve(target, head, batch, nodes, context, graphs=graphs)
     curve.save(path)
     return curve

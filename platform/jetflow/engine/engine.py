@@ -43,8 +43,11 @@ from jetflow.engine.sequence import Event, Request, RequestCancelledError, Reque
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.stepcore.modes import check_graphs, host_key, resolve_graphs
+from jetflow.stepcore.modes import check_graphs, resolve_graphs, target_key
 from jetflow.tree import MAX_BUDGET, Acceptance, DraftTree, build_tree, observe, walker
+
+
+STATIC_MAX_TREE = 512  # tree nodes per round of a graphs=compile engine: its static KV reserves this past max_len
 
 
 @dataclass
@@ -64,6 +67,9 @@ class EngineConfig:
     graphs_backend: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_BACKEND", "inductor"))
                                          # torch.compile backend of graphs=compile (tests, debugging: eager,
                                          # aot_eager: dynamo's whole capture, no code generation)
+    graphs_unit: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_UNIT", "step"))
+                                         # what one compiled graph holds: step (the whole verify step) or
+                                         # layer (one decoder layer, shared by all: a fraction of the compile time)
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_tokens"):
@@ -107,11 +113,12 @@ class Engine:
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         slots = self.cfg.max_slots
         extra = head.config.block_size if head is not None else 1
-        self.graphs, self.graphs_reason = resolve_graphs(self.cfg.graphs, host_key(
-            self.device.type, target.model_id, str(self.dtype).removeprefix("torch."), torch.get_num_threads()))
+        self.graphs, self.graphs_reason = resolve_graphs(self.cfg.graphs, target_key(target))
         static = self.graphs == "compile"
         store = StaticSlotKV if static else SlotKV  # the step core's: reserved once, fixed addresses
-        self.kv = store(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device, self.max_len + MAX_BUDGET)
+        self.max_tree = STATIC_MAX_TREE if static else MAX_BUDGET  # tree nodes a row may verify past its length
+        self.kv = store(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device,
+                        self.max_len + self.max_tree)
         self.cache = TargetKV(self.kv)
         self.layer_ids: tuple[int, ...] = ()
         if head is not None:
@@ -126,7 +133,7 @@ class Engine:
             from jetflow.stepcore.runner import StepRunner
 
             self.runner = StepRunner(target, head, self.layer_ids, max_rows=slots, compiled=True,
-                                     backend=self.cfg.graphs_backend)
+                                     backend=self.cfg.graphs_backend, unit=self.cfg.graphs_unit)
         self.running: list[Seq] = []
         self.prefilling: list[Seq] = []
         self.waiting: deque[Request] = deque()
@@ -150,6 +157,10 @@ class Engine:
         if not ids:
             raise PromptTooLongError("the prompt is empty: give at least one token")
         depth = self.head.config.depth if self.head is not None else 0
+        if self.head is not None and config.tree.budget > self.max_tree:
+            raise InvalidSettingError(f"tree budget {config.tree.budget} exceeds the {self.max_tree} nodes a "
+                                      "graphs=compile engine verifies per round; ask for a smaller budget or use "
+                                      "graphs=off")
         need = len(ids) + config.max_new_tokens + depth + 1
         if need > self.max_len:
             raise PromptTooLongError(

@@ -17,7 +17,9 @@ def decode_all(target, head, prompts: Sequence[Sequence[int]], configs: Sequence
     `task`: the prompts' label (their set's name) for the prompt-adaptive tree algorithms."""
     from jetflow.engine import Engine, EngineConfig
 
-    return Engine(target, head, EngineConfig(max_slots=slots)).generate(prompts, configs, [task] * len(prompts))
+    # the reference path: τ and losslessness do not depend on how the step runs, and nothing here is timed
+    return Engine(target, head, EngineConfig(max_slots=slots, graphs="off")).generate(prompts, configs,
+                                                                                       [task] * len(prompts))
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,17 @@ class Throughput:
 
 
 def throughput(target, head, prompts: Sequence[Sequence[int]], cfg: DecodeConfig, concurrency: int,
-               policy: str = "fixed") -> Throughput:
+               policy: str = "fixed", graphs: str = "off") -> Throughput:
     """A closed loop of `concurrency` clients: that many requests in the engine at all times (the prompts,
     cycled), until max(concurrency, len(prompts)) requests are done. Tokens per second of the whole run,
-    prefill included — what a replica serving that many clients delivers. One short warm-up request first."""
+    prefill included — what a replica serving that many clients delivers. One short warm-up request first
+    (graphs=compile: every bucket the loop can meet is compiled before the clock starts)."""
     from jetflow.engine import Engine, EngineConfig
 
-    engine = Engine(target, head, EngineConfig(max_slots=concurrency, policy=policy))
+    engine = Engine(target, head, EngineConfig(max_slots=concurrency, policy=policy, graphs=graphs))
+    spec = head is not None and not cfg.tree.plain
+    engine.warm_graphs(max(map(len, prompts)) + cfg.max_new_tokens, [1, cfg.tree.budget] if spec else [1],
+                       cfg.tree.width if spec else 0)
     engine.generate([prompts[0]], DecodeConfig(tree=cfg.tree, max_new_tokens=2))
     total = max(concurrency, len(prompts))
     queue = [prompts[i % len(prompts)] for i in range(total)]

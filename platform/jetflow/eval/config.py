@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jetflow.decode.config import check_temperature
 from jetflow.errors import InvalidSettingError
+from jetflow.stepcore.modes import check_graphs
 from jetflow.tree import TreeSpec, tree_grid
 
 
@@ -49,6 +50,9 @@ class EvalConfig:
                                              # extra), and its DFlash chain with vllm_head
     vllm_head: str = ""                      # a head exported by `jetflow export --to vllm` for the DFlash row
     curve_repeats: int = 5                   # timed repetitions per tree size (median)
+    graphs: str = "auto"                     # how the timed decodes run (timed pass, concurrency loops): off (the
+                                             # eager reference), compile (the step core, compiled per bucket before
+                                             # timing), auto (compile where `jetflow graphs --measure` says it pays)
 
     def __post_init__(self) -> None:
         from jetflow.data.prompts import PROMPT_SETS
@@ -86,6 +90,7 @@ class EvalConfig:
         _check_int("seed", self.seed, 0)
         _check_int("context_tokens", self.context_tokens, 1)
         _check_int("curve_repeats", self.curve_repeats, 1)
+        check_graphs(self.graphs)
 
     def trees(self, block_size: int | None = None) -> list[TreeSpec]:
         """The grid's tree settings for a head of `block_size` (chains capped at it)."""
@@ -103,4 +108,4 @@ class EvalConfig:
                 "temperatures": ",".join(f"{t:g}" for t in self.temperatures), "baselines": self.baselines,
                 "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens, "check_lossless": self.check_lossless,
                 "seed": self.seed, "cost_model": self.cost_model, "context_tokens": self.context_tokens,
-                "curve_repeats": self.curve_repeats}
+                "curve_repeats": self.curve_repeats, "graphs": self.graphs}

@@ -185,9 +185,12 @@ class JetFlowServer:
         curve = None
         if choice.speculative and cfg.policy == "auto":
             from jetflow.engine.cost import StepCostCurve, cached_step_curve
+            from jetflow.stepcore.modes import resolve_graphs, target_key
 
+            graphs = resolve_graphs(cfg.graphs, target_key(target))[0]  # the curve of the steps this replica runs
             curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else
-                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget))
+                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget,
+                                       graphs=graphs))
         return GenerationEngine(target, choice, cfg, self.loop, cost_curve=curve, budget_table=choice.budget_table,
                                 tau_prior=choice.tau_prior)
 

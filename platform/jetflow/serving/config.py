@@ -56,6 +56,10 @@ class ServeConfig(BaseModel):
     policy: Literal["auto", "fixed", "plain"] = Field(
         "auto", description="speculation per step: auto (load-aware: plain or a budget up to the tree's, from the "
                             "measured step cost and the rows' acceptance), fixed (always the tree), plain")
+    graphs: Literal["auto", "compile", "off"] = Field(
+        "auto", description="how engine steps run: off (the eager reference), compile (the step core, every bucket "
+                            "compiled before the replica takes traffic), auto (compile where this host's "
+                            "`jetflow graphs --measure` says it pays, else off)")
     prefill_chunk: int = Field(128, ge=1, description="prompt tokens fed per request and engine step")
     prefill_tokens: int = Field(256, ge=1, description="prompt tokens fed per engine step over all new requests")
     cost_curve: str | None = Field(None, description="a step cost curve JSON (jetflow.engine.cost) for the auto "

@@ -280,9 +280,16 @@ class GenerationEngine:
         policy = cfg.policy if choice.speculative else "plain"
         engine_cfg = EngineConfig(max_slots=cfg.max_slots, max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
                                   prefill_chunk=cfg.prefill_chunk, prefill_tokens=cfg.prefill_tokens, policy=policy,
-                                  cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior)
+                                  cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior,
+                                  graphs=cfg.graphs)
         self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
         self.engine.warm_lm_head()  # before the first request: its timing is not paid under a request's deadline
+        if self.engine.runner is not None:  # graphs=compile: every bucket this replica's steps meet, compiled now
+            spec = choice.speculative
+            seconds = self.engine.warm_graphs(cfg.max_prompt_tokens + cfg.max_tokens,
+                                              [1, choice.tree.budget] if spec else [1], choice.tree.width if spec else 0)
+            log.info("graphs=compile (%s): %d step buckets compiled in %.1f s, before taking traffic",
+                     self.engine.graphs_reason, len(self.engine.runner.compile_log), seconds)
         self.loop = loop
         loop.attach(self.engine)
 

@@ -77,6 +77,14 @@ def record_verdict(key: str, verdict: dict) -> Path:
     return path
 
 
+def target_key(target) -> str:
+    """`host_key` of a loaded target on this host, with the process's current intra-op threads."""
+    import torch
+
+    return host_key(target.device.type, target.model_id, str(target.dtype).removeprefix("torch."),
+                    torch.get_num_threads())
+
+
 def resolve_graphs(mode: str, key: str) -> tuple[str, str]:
     """`mode` → ("compile" | "off", why)."""
     check_graphs(mode)

@@ -19,6 +19,7 @@ there, by the registered tree algorithms) and the verify's (R, 2) greedy accepta
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ import torch
 from jetflow.paths import jetflow_home
 from jetflow.stepcore.buckets import bucket_label, key_window, next_pow2, row_bucket
 from jetflow.stepcore.head import HeadCore
-from jetflow.stepcore.target import StepOut, TargetCore
+from jetflow.stepcore.target import StepOut, TargetCore, decoder_layer
 
 RECOMPILE_LIMIT = 256  # dynamo's per-function cache entries: every bucket is one (its default, 8, is too few)
+UNITS = ("step", "layer")
 
 
 def use_inductor_cache() -> str:
@@ -100,10 +102,15 @@ class StepRunner:
     """The target's verify entry and the head's draft entry, per bucket (see the module docstring)."""
 
     def __init__(self, target, head=None, layer_ids: Sequence[int] = (), max_rows: int = 1, compiled: bool = True,
-                 backend: str = "inductor"):
+                 backend: str = "inductor", unit: str = "step"):
+        """unit: what one compiled graph holds — `step`, the whole verify step (embeddings to acceptance); `layer`,
+        one decoder layer (one graph per bucket serves every layer: ~1/L of the compile time), beside the step's
+        prologue and epilogue, called from a Python loop."""
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         self.target, self.head, self.max_rows = target, head, max_rows
         self.device, self.dtype = target.device, target.dtype
-        self.compiled, self.backend = compiled, backend
+        self.compiled, self.backend, self.unit = compiled, backend, unit
         self.target_core = TargetCore(target, layer_ids)
         self.head_core = HeadCore(head, target) if head is not None else None
         self._verify_fn = self.target_core.step
@@ -113,9 +120,15 @@ class StepRunner:
 
             use_inductor_cache()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            self._verify_fn = torch.compile(self._verify_fn, fullgraph=True, dynamic=False, backend=backend)
+            compile = functools.partial(torch.compile, fullgraph=True, dynamic=False, backend=backend)
+            if unit == "step":
+                self._verify_fn = compile(self._verify_fn)
+            else:
+                core = self.target_core
+                core.prologue, core.epilogue = compile(core.prologue), compile(core.epilogue)
+                self._verify_fn = functools.partial(core.step, layer=compile(decoder_layer))
             if self._draft_fn is not None:
-                self._draft_fn = torch.compile(self._draft_fn, fullgraph=True, dynamic=False, backend=backend)
+                self._draft_fn = compile(self._draft_fn)
         self._verify_in: dict[tuple, VerifyInputs] = {}   # bucket → its persistent inputs
         self._draft_in: dict[int, DraftInputs] = {}       # rows → the draft's persistent inputs
         self._compiled: dict[str, set[tuple]] = {"verify": set(), "draft": set()}
