@@ -120,10 +120,11 @@ def test_only_requests_that_ask_pay_and_the_eager_path_reuses_the_walks_logits(o
     logits = target.logits
     monkeypatch.setattr(target, "logits", lambda h: rows.append(h.shape[0]) or logits(h))
 
-    def lm_head_rows(asks: list[bool], graphs: str = "off") -> tuple[int, list]:
+    def lm_head_rows(asks: list[bool], graphs: str = "off", accept: str = "device") -> tuple[int, list]:
         cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 6, 3), max_new_tokens=12, logprobs=2 if a else None)
                 for a in asks]
-        engine = Engine(target, head, EngineConfig(max_slots=4, graphs=graphs, graphs_backend="aot_eager"))
+        engine = Engine(target, head, EngineConfig(max_slots=4, graphs=graphs, graphs_backend="aot_eager",
+                                                   graphs_accept=accept))
         rows.clear()
         out = engine.generate(prompts, cfgs)
         return sum(rows), out
@@ -137,6 +138,10 @@ def test_only_requests_that_ask_pay_and_the_eager_path_reuses_the_walks_logits(o
     assert lm_head_rows([False] * 4, "compile")[0] == 0
     paid, out = lm_head_rows([True, False, False, False], "compile")
     assert 0 < paid <= sum(g.stats.rounds + len(g.token_ids) for g in out[:1])
+    # the step core leaving acceptance to the walk (a CPU's default): the walk's logits serve, as on the eager path
+    walk_none, _ = lm_head_rows([False] * 4, "compile", "walk")
+    walk_every, out = lm_head_rows([True] * 4, "compile", "walk")
+    assert walk_every == walk_none > 0 and all(len(g.logprobs) == len(g.token_ids) for g in out)
 
 
 def test_logprob_counts_are_validated():

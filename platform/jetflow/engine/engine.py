@@ -11,6 +11,11 @@ reused. The reference `Decoder` (one sequence at a time) is what every request's
 Slots: running requests occupy slots [0, R), requests being prefilled [R, R + P), so every forward reads
 contiguous rows of the slot KV (views, no copies).
 
+`graphs` (EngineConfig): `off` runs the draft and the verify as above, the eager reference; `compile` runs them in
+the step core (`jetflow.stepcore`: one compiled entry per (rows, nodes, key window) bucket over a `StaticSlotKV`
+reserved once; rows [0, R) padded up to the bucket, every running row drafted) — prefill, the tree build,
+sampling, compaction and commit stay here, the same code for both.
+
 Host syncs per decode step on a GPU (greedy; counted in this file): the draft's top-k comes to the host once
 (`_draft`: values and ids, 2 `.tolist()`), because the tree is built there; each round of the acceptance
 walk's LM-head work brings its argmaxes (`_accept`: 1 `.tolist()` per round, rounds ≈ accepted depth ÷ the
@@ -70,6 +75,8 @@ class EngineConfig:
     graphs_unit: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_UNIT", "step"))
                                          # what one compiled graph holds: step (the whole verify step) or
                                          # layer (one decoder layer, shared by all: a fraction of the compile time)
+    graphs_accept: str | None = None     # greedy acceptance: device (in the graph) or walk (the engine's lazy
+                                         # LM-head walk); default: $JETFLOW_GRAPHS_ACCEPT, else walk on a CPU
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_tokens"):
@@ -133,7 +140,8 @@ class Engine:
             from jetflow.stepcore.runner import StepRunner
 
             self.runner = StepRunner(target, head, self.layer_ids, max_rows=slots, compiled=True,
-                                     backend=self.cfg.graphs_backend, unit=self.cfg.graphs_unit)
+                                     backend=self.cfg.graphs_backend, unit=self.cfg.graphs_unit,
+                                     accept=self.cfg.graphs_accept)
         self.running: list[Seq] = []
         self.prefilling: list[Seq] = []
         self.waiting: deque[Request] = deque()
@@ -552,7 +560,7 @@ class Engine:
         hidden = out.hidden
         walks = [walker(d) for d in drafts]
         accs: list = [None] * len(rows)
-        if self.runner is not None:
+        if self.runner is not None and out.accept is not None:
             for r, (deepest, bonus) in enumerate(out.accept[: len(rows)].tolist()):
                 if rows[r].cfg.greedy:
                     accs[r] = Acceptance(path=drafts[r].path_to(deepest), bonus=bonus)

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from jetflow.errors import InvalidSettingError
 from jetflow.stepcore.buckets import key_window
 
 # Capacity grows in steps of this many positions, for every slot at once (the buffers are (slots, ..)). 128
@@ -140,6 +141,12 @@ class StaticSlotKV(SlotKV):
         self.dtype, self.device, self.max_len = dtype, device, max_len
         self.capacity = key_window(max_len)
         shape = (slots, kv_heads, self.capacity + 1, head_dim)
+        need = 2 * num_layers * slots * kv_heads * (self.capacity + 1) * head_dim * dtype.itemsize
+        if device.type == "cuda" and need > torch.cuda.mem_get_info(device)[0]:
+            raise InvalidSettingError(
+                f"graphs=compile reserves the slot KV once: {need / 2**30:.1f} GiB for {slots} slots × "
+                f"{self.capacity} positions, more than the {torch.cuda.mem_get_info(device)[0] / 2**30:.1f} GiB free "
+                "on this GPU; set max_model_len (Serve: max_prompt_tokens + max_tokens) or fewer slots")
         self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.values = [_zeros(shape, dtype, device) for _ in range(num_layers)]
 

@@ -81,16 +81,18 @@ class Attention(nn.Module):
 
     def forward_cached(self, x, rope_q, kv: tuple[torch.Tensor, torch.Tensor], write: torch.Tensor, mask,
                        window: int | None = None):
-        """x (b, Q, H) normed block inputs; kv = this layer's cached context (keys, values), (b, kv_heads, L,
-        head_dim), into which the block's own keys/values are written at `write` (b, Q) before attending over
-        positions [0, window) (all L when None; the compiled step core writes padding beyond its window)."""
+        """x (b, Q, H) normed block inputs; kv = this layer's cached context (keys, values), (≥ b, kv_heads, L,
+        head_dim), rows [0, b) of which are the block's rows: the block's own keys/values are written there at
+        `write` (b, Q) before attending over positions [0, window) (all L when None; the compiled step core passes
+        whole slot buffers, writes padding beyond its window, and needs one `index_put_` into the buffer itself)."""
         keys, values = kv
         k, v = self.project_kv(x, rope_q)
-        index = write[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
-        keys.scatter_(2, index, k)
-        values.scatter_(2, index, v)
-        if window is not None:
-            keys, values = keys[:, :, :window], values[:, :, :window]
+        b, dev = x.shape[0], x.device
+        index = (torch.arange(b, device=dev)[:, None, None], torch.arange(keys.shape[1], device=dev)[None, :, None],
+                 write[:, None, :])
+        keys.index_put_(index, k)
+        values.index_put_(index, v)
+        keys, values = keys[:b, :, :window], values[:b, :, :window]
         return self.attend(x, rope_q, keys, values, mask)
 
 
@@ -248,8 +250,9 @@ class DraftHead(nn.Module):
                        mask: torch.Tensor, copy=None, shortcut: torch.Tensor | None = None,
                        window: int | None = None) -> torch.Tensor:
         """One block per row over cached context keys/values (what `forward` computes, without re-projecting
-        the context): block (b, B, H) embeddings at block_positions (b, B); kv[layer] = (keys, values) of the
-        rows' contexts (b, kv_heads, L, head_dim), written at `write` (b, B) with the block's own; mask
+        the context): block (b, B, H) embeddings at block_positions (b, B); kv[layer] = (keys, values) whose
+        rows [0, b) are the rows' contexts (≥ b, kv_heads, L, head_dim), written at `write` (b, B) with the
+        block's own (`Attention.forward_cached`); mask
         (b, 1, B, L) bool; shortcut (b, H) the anchor's context feature (anchor_shortcut heads; zeros when
         the row has no context); window: attend over positions [0, window) only (mask (b, 1, B, window)).
         Returns (b, B, H) final-normed hidden states."""

@@ -21,7 +21,7 @@ def measure(target, prompts: Sequence[Sequence[int]], head=None, tree: TreeSpec 
             new_tokens: int = 32, passes: int = 1) -> dict:
     """→ {"settings": {label: {"eager_tok_s", "compiled_tok_s", "ratio", "lossless"}}, "compile_s", "ratio",
     "buckets", "date"} for AR, and for `tree` with `head` when given."""
-    settings = {"ar": DecodeConfig(max_new_tokens=new_tokens)}
+    settings = {"ar": DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=new_tokens)}
     if head is not None and tree is not None and not tree.plain:
         settings[tree.key] = DecodeConfig(tree=tree, max_new_tokens=new_tokens)
     eager, compiled = Decoder(target, head, graphs="off"), Decoder(target, head, graphs="compile")

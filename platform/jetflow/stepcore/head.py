@@ -39,7 +39,6 @@ class HeadCore:
         every head layer's slot buffers. → (2, R, D, width) float32: the top-`width` log-probs of depths 1..D and
         their target token ids."""
         head, block = self.head, self.block
-        r = ids.shape[0]
         cols = torch.arange(block, device=ids.device)
         positions = past[:, None] + cols
         key_pos = torch.arange(window, device=ids.device)
@@ -48,7 +47,7 @@ class HeadCore:
         visible = (key_pos[None, None, :] < past[:, None, None]) | ((offset >= 0) & inner)
         shortcut = shortcut * (past >= 1)[:, None].to(shortcut.dtype)                   # a one-token prompt
         copy = (copy_embeds, copy_lens) if copy_embeds is not None else None
-        kv = [(k[:r], v[:r]) for k, v in zip(keys, values)]
+        kv = list(zip(keys, values))  # whole buffers: rows [0, R) are this bucket's (see Attention.forward_cached)
         h = head.forward_cached(F.embedding(ids, self.embed), positions, kv, write, visible[:, None], copy, shortcut,
                                 window)
         logits = F.linear(h[:, 1:].to(self.weight.dtype), self.weight, self.bias)

@@ -14,7 +14,8 @@ Every first call of a bucket is timed into `compile_s`. Inductor's artefacts go 
 (unless TORCHINDUCTOR_CACHE_DIR is set), so a second process on the host compiles from its cache.
 
 Host syncs per decode step: the draft's (2, R, D, W) top-W comes to the host in one copy (the tree is built
-there, by the registered tree algorithms) and the verify's (R, 2) greedy acceptance in one more.
+there, by the registered tree algorithms) and, with device acceptance, the verify's (R, 2) greedy acceptance in
+one more (with the walk: one per round of the walk's LM-head work, as in the eager engine, usually 1-2).
 """
 
 from __future__ import annotations
@@ -37,11 +38,22 @@ RECOMPILE_LIMIT = 256  # dynamo's per-function cache entries: every bucket is on
 UNITS = ("step", "layer")
 
 
+def default_accept(device: torch.device) -> str:
+    """`JETFLOW_GRAPHS_ACCEPT=device|walk` if set, else device acceptance on a GPU and the walk on a CPU."""
+    return os.environ.get("JETFLOW_GRAPHS_ACCEPT") or ("walk" if device.type == "cpu" else "device")
+
+
 def use_inductor_cache() -> str:
-    """Point inductor's on-disk cache at `$JETFLOW_HOME/cache/inductor` unless the environment chose one."""
-    path = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(jetflow_home() / "cache" / "inductor"))
+    """Point inductor's on-disk cache at `$JETFLOW_HOME/cache/inductor` unless the environment chose another
+    place. (Importing torch._dynamo already wrote inductor's default, /tmp/torchinductor_<user>, into
+    TORCHINDUCTOR_CACHE_DIR; that value is replaced, as if unset. Inductor reads the variable at every use.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(jetflow_home() / "cache" / "inductor")
     os.environ.setdefault("TRITON_CACHE_DIR", str(jetflow_home() / "cache" / "triton"))
-    return path
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 @dataclass
@@ -102,16 +114,18 @@ class StepRunner:
     """The target's verify entry and the head's draft entry, per bucket (see the module docstring)."""
 
     def __init__(self, target, head=None, layer_ids: Sequence[int] = (), max_rows: int = 1, compiled: bool = True,
-                 backend: str = "inductor", unit: str = "step"):
+                 backend: str = "inductor", unit: str = "step", accept: str | None = None):
         """unit: what one compiled graph holds — `step`, the whole verify step (embeddings to acceptance); `layer`,
         one decoder layer (one graph per bucket serves every layer: ~1/L of the compile time), beside the step's
-        prologue and epilogue, called from a Python loop."""
+        prologue and epilogue, called from a Python loop. accept: greedy acceptance on the device (`device`, the
+        default on a GPU) or by the engine's walk over the returned hidden states (`walk`, the default on a CPU;
+        `jetflow.stepcore.target`'s docstring says why)."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         self.target, self.head, self.max_rows = target, head, max_rows
         self.device, self.dtype = target.device, target.dtype
         self.compiled, self.backend, self.unit = compiled, backend, unit
-        self.target_core = TargetCore(target, layer_ids)
+        self.target_core = TargetCore(target, layer_ids, accept or default_accept(target.device))
         self.head_core = HeadCore(head, target) if head is not None else None
         self._verify_fn = self.target_core.step
         self._draft_fn = self.head_core.step if self.head_core is not None else None

@@ -14,6 +14,12 @@ Acceptance on the device (greedy rows): node j matches when its token is the tar
 is its parent's first child with that token (a duplicate sibling counts once, as `DraftTree.children` says); a
 node is accepted when it and all its ancestors match; a row's accepted path ends at its deepest accepted node
 and the bonus is the argmax there — exactly `jetflow.tree.accept.walk` with argmax choices.
+
+`accept="walk"` leaves the LM head and the acceptance out of the graph: the step ends at the final norm and the
+engine's acceptance walk computes the LM head on the nodes it visits, as the eager engine does. That is the
+cheaper choice where the LM head over every node costs more than the few rows a walk visits — a CPU: 10 ms for
+8 nodes of SmolLM2's 49k-row head on 2 cores, against ~3 ms for the 2-3 a walk visits; on a GPU the GEMM over
+every node is nearly free and the device acceptance saves host syncs (`accept="device"`, the default there).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from jetflow.errors import InvalidSettingError
 
 CORE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time (not dynamic / longrope)
+ACCEPT = ("device", "walk")  # greedy acceptance in the graph, or left to the engine's walk (see the docstring)
 
 
 class LayerWeights(NamedTuple):
@@ -67,8 +74,8 @@ class Shape(NamedTuple):
 class StepOut(NamedTuple):
     hidden: torch.Tensor     # (R, N, H) final-normed hidden states (the LM head's input)
     features: torch.Tensor   # (R, N, k·H) the tapped layers' outputs, concatenated (the head's context input)
-    best: torch.Tensor       # (R, N) long: the target's argmax after every node
-    accept: torch.Tensor     # (R, 2) long: greedy acceptance per row — (deepest accepted node, bonus token)
+    best: torch.Tensor | None    # (R, N) long: the target's argmax after every node (accept="device")
+    accept: torch.Tensor | None  # (R, 2) long: greedy acceptance per row — (deepest accepted node, bonus token)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,11 +92,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, write: torch.Tensor,
-                  kbuf: torch.Tensor, vbuf: torch.Tensor, w: LayerWeights, shape: Shape, window: int) -> torch.Tensor:
+def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                  write: tuple[torch.Tensor, torch.Tensor, torch.Tensor], kbuf: torch.Tensor, vbuf: torch.Tensor,
+                  w: LayerWeights, shape: Shape, window: int) -> torch.Tensor:
     """One layer for R rows × N new tokens: h (R, N, H); mask the additive tree mask, (R, 1, 1, window) for one
-    node, (R, 1, g·N, window) packed for g query heads per key/value head; write (R, kv, N, d) long, the
-    positions the new keys/values go to in kbuf/vbuf (slots, kv, capacity + 1, d), rows [0, R) of them."""
+    node, (R, 1, g·N, window) packed for g query heads per key/value head; write the (row, head, position) index
+    tensors, broadcasting to (R, kv, N), where the new keys/values go in kbuf/vbuf (slots, kv, capacity + 1, d).
+    The write is one `index_put_` into the whole buffer: a write through a slice of a graph input would make the
+    compiled graph copy the whole buffer back (1.1 ms vs 0.04 ms per write for 8 slots × 16k positions)."""
     r, n, _ = h.shape
     heads, kv, d = shape.heads, shape.kv_heads, shape.head_dim
     x = rms_norm(h, w.ln1, shape.eps)
@@ -99,8 +109,8 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
     if w.q_norm is not None:
         q, k = rms_norm(q, w.q_norm, shape.eps), rms_norm(k, w.k_norm, shape.eps)
     q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-    kbuf[:r].scatter_(2, write, k)
-    vbuf[:r].scatter_(2, write, v)
+    kbuf.index_put_(write, k)
+    vbuf.index_put_(write, v)
     out = F.scaled_dot_product_attention(q.reshape(r, kv, (heads // kv) * n, d), kbuf[:r, :, :window],
                                          vbuf[:r, :, :window], attn_mask=mask, scale=shape.scaling)
     out = out.reshape(r, heads, n, d).transpose(1, 2).reshape(r, n, heads * d)
@@ -178,8 +188,11 @@ class TargetCore:
     `step` is the whole forward; `prologue`, `layer` and `epilogue` are its parts, which `StepRunner` compiles
     one by one in its `layer` unit (one compile serves every layer of a bucket)."""
 
-    def __init__(self, target, layer_ids: Sequence[int] = ()):
+    def __init__(self, target, layer_ids: Sequence[int] = (), accept: str = "device"):
         check_supported(target)
+        if accept not in ACCEPT:
+            raise ValueError(f"accept must be one of {ACCEPT}, got {accept!r}")
+        self.accept = accept
         body = target.model.model
         cfg = target.config
         attn = body.layers[0].self_attn
@@ -202,24 +215,27 @@ class TargetCore:
 
     def prologue(self, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, past: torch.Tensor,
                  anc: torch.Tensor, window: int):
-        """→ (h (R, N, H) embeddings, cos, sin (R, 1, N, d), mask, write index (R, kv, N, d))."""
+        """→ (h (R, N, H) embeddings, cos, sin (R, 1, N, d), mask, the KV write's index tensors)."""
         h = F.embedding(ids, self.embed)
         freqs = pos[..., None].to(torch.float32) * self.inv_freq.to(pos.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None]
         sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None]
         mask = tree_mask(write, past, anc, window, self.groups, self.dtype)
-        s = self.shape
-        index = write[:, None, :, None].expand(-1, s.kv_heads, -1, s.head_dim)
+        r, dev = write.shape[0], write.device
+        index = (torch.arange(r, device=dev)[:, None, None], torch.arange(self.shape.kv_heads, device=dev)[None, :, None],
+                 write[:, None, :])
         return h, cos, sin, mask, index
 
     def epilogue(self, h: torch.Tensor, taps: dict[int, torch.Tensor], ids: torch.Tensor, pos: torch.Tensor,
                  past: torch.Tensor, anc: torch.Tensor, parent: torch.Tensor, eligible: torch.Tensor) -> StepOut:
         """taps: the tapped layers' outputs; the last layer's tap is HF's last hidden state, the final-normed one."""
         hidden = rms_norm(h, self.norm, self.norm_eps)
-        best = F.linear(hidden, self.lm_head, self.lm_bias).argmax(-1)
         features = (torch.cat([taps.get(i, hidden) for i in self.layer_ids], dim=-1) if self.layer_ids
                     else hidden.new_zeros((*hidden.shape[:2], 0)))
+        if self.accept == "walk":
+            return StepOut(hidden, features, None, None)
+        best = F.linear(hidden, self.lm_head, self.lm_bias).argmax(-1)
         accept = greedy_accept(ids, best, pos - past[:, None], anc, parent, eligible)
         return StepOut(hidden, features, best, accept)
 
