@@ -13,8 +13,9 @@ Parts (compile time is always reported apart from the timings, which start after
   compiled engines stepped in turn: the verify phase (target forward + acceptance) and the whole step;
 - cache: what a second process pays to compile the same buckets (inductor's on-disk cache, fresh for the first);
 - serve: the engine through Ray Serve at 1 and 8 clients, an eager and a compiled app of the same head and tree
-  (policy fixed, 8 slots), requests and load blocks alternating between them; the compiled replica's start
-  (its buckets compiled before traffic) and both replicas' RSS;
+  (policy fixed, 8 slots, prompts of at most 200 tokens: the held-out prompts here have 52-172), requests and
+  load blocks alternating between them; the compiled replica's start (its buckets compiled before traffic) and
+  both replicas' RSS;
 - memory: the static KV's reservation and resident cost per token, at 8 and 16 slots, bundled target and Qwen3-8B.
 
 Writes compiled.json and compiled.md under --out (default $JETFLOW_HOME/bench/compiled/).
@@ -115,7 +116,7 @@ t0 = time.perf_counter()
 target = TargetModel.load("smollm2-135m")
 loaded = HeadRef.parse(head).load(target)
 dec = Decoder(target, loaded.head, graphs="compile")
-ar = dec.warm(int(prompt_len), DecodeConfig(max_new_tokens=int(new)))
+ar = dec.warm(int(prompt_len), DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=int(new)))
 tree = dec.warm(int(prompt_len), DecodeConfig(tree=TreeSpec(alg, int(budget), int(width)), max_new_tokens=int(new)))
 print(json.dumps({"compile_s": ar + tree, "buckets": dec.compile_log, "wall_s": time.perf_counter() - t0}))
 """
@@ -162,7 +163,8 @@ def part_serve(args) -> dict:
     prompts = [it.text for it in load_prompts("humaneval", limit=args.prompts)
                + load_prompts("mtbench", limit=args.prompts)]
     common = {"head": args.head, "algorithm": args.algorithm, "budget": args.budget, "width": args.width,
-              "policy": "fixed", "max_slots": 8, "max_prompt_tokens": 512, "max_tokens": args.new_tokens,
+              "policy": "fixed", "max_slots": 8, "max_prompt_tokens": 200, "max_tokens": args.new_tokens,
+              "default_max_tokens": args.new_tokens,
               "torch_threads": args.threads, "replica_cpus": 0.5}
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     out: dict = {"apps": {}}

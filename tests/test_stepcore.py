@@ -138,7 +138,7 @@ def test_the_target_core_is_one_graph_per_bucket_and_equals_the_hf_forward(arch)
     for store in (static, plain):
         target.forward_rows(prompts, pos, TargetKV(store).plan(0, 2, pos, 30), causal, (1, 3))
     trees = [DraftTree([5, 7, 9, 11, 13], [-1, 0, 0, 1, 1], [0, 1, 1, 2, 2]), DraftTree([3, 4], [-1, 0], [0, 1])]
-    runner = StepRunner(target, None, (1, 3), max_rows=2, compiled=True, backend="eager")
+    runner = StepRunner(target, None, (1, 3), max_rows=2, compiled=True, backend="eager", accept="device")
     out = runner.verify([30, 30], trees, static)
     assert list(runner.compile_log) == ["verify 2×8@256"]
     # the reference: HF's forward of each tree over the same prefix, one row at a time
@@ -192,14 +192,17 @@ def test_compiled_engine_equals_the_reference_decoder_for_mixed_trees_under_slot
         ("accum_logp", 8, 20), ("chain", 4, 9), ("top2gap", 16, 30), ("accum_logp", 1, 15), ("best_first", 6, 25))]
     prompts = _prompts(len(configs), seed=1)
     reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, configs)]
-    engine = _compiled(target, head, 3, backend="aot_eager", prefill_chunk=7, prefill_tokens=16)
+    engine = _compiled(target, head, 3, backend="aot_eager", prefill_chunk=7, prefill_tokens=16,
+                       graphs_accept="device")
     assert [g.token_ids for g in engine.generate(prompts, configs)] == reference
     assert all(g.stats.graphs == "compile" for g in engine.generate(prompts[:1], configs[:1]))
 
 
-def test_oracle_drafts_accepted_deep_off_spine_and_across_a_key_window_stay_greedy(one_thread):
-    """Deep acceptance on the device (the noisy oracle's paths leave the argmax spine), rows joining and
-    leaving four slots, prompts long enough that the rows cross from the 256-key window into the 512 one."""
+@pytest.mark.parametrize("accept", ["device", "walk"])
+def test_oracle_drafts_accepted_deep_off_spine_and_across_a_key_window_stay_greedy(accept, one_thread):
+    """Deep acceptance, on the device or by the walk (the noisy oracle's paths leave the argmax spine), rows
+    joining and leaving four slots, prompts long enough that the rows cross from the 256-key window into the
+    512 one."""
     target = tiny_target("qwen3", max_positions=1024)
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=8))
@@ -208,7 +211,7 @@ def test_oracle_drafts_accepted_deep_off_spine_and_across_a_key_window_stay_gree
     ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=60)).token_ids for p in prompts]
     engine = OracleEngine(target, head, {tuple(p): p + a for p, a in zip(prompts, ar)},
                           EngineConfig(max_slots=4, prefill_chunk=64, prefill_tokens=128, graphs="compile",
-                                       graphs_backend=BACKEND), seed=2)
+                                       graphs_backend=BACKEND, graphs_accept=accept), seed=2)
     out = engine.generate(prompts, cfg)
     assert [g.token_ids for g in out] == ar
     assert sum(g.stats.tau for g in out) / len(out) > 2.0
@@ -299,7 +302,7 @@ def test_compiled_engine_on_smollm_is_greedy_ar_and_seeded_sampling(smollm, one_
             DecodeConfig(tree=TreeSpec("best_first", 8, 7), max_new_tokens=new),
             DecodeConfig(tree=TreeSpec("accum_logp", 8, 7), temperature=0.9, top_k=40, seed=11, max_new_tokens=new),
             DecodeConfig(tree=TreeSpec("chain", 8), max_new_tokens=40)]
-    engine = _compiled(smollm, head, 3)
+    engine = _compiled(smollm, head, 3, graphs_accept="device")  # (the CPU default is the walk: see the docstring)
     got = engine.generate(prompts, cfgs)
     for p, c, g in zip(prompts, cfgs, got):
         if c.greedy:
@@ -326,6 +329,45 @@ def test_inductor_compiled_ar_and_tree_decoding_on_smollm_are_greedy(smollm, tmp
     assert plain.stats.graphs == "compile" and plain.stats.compile_s > 0 and dec.compile_s >= plain.stats.compile_s
 
 
+@pytest.mark.slow
+def test_a_compiled_replicas_engine_compiles_every_bucket_before_its_first_request(smollm, monkeypatch):
+    """A Serve replica's engine (graphs=compile) compiles, in its constructor, every bucket its steps can meet —
+    rows 1 and 2 (its slots) × a plain step and the 8-node tree × the one key window its 100 + 16 positions need,
+    and the draft per row bucket — so requests, here two at once, compile nothing."""
+    import asyncio
+
+    from jetflow.decode import encode_prompt
+    from jetflow.serving.config import ServeConfig
+    from jetflow.serving.engine import EngineLoop, GenerationEngine
+    from jetflow.serving.selection import choose_head
+
+    monkeypatch.setenv("JETFLOW_GRAPHS_BACKEND", "eager")
+    cfg = ServeConfig(head="random", graphs="compile", policy="fixed", budget=8, max_slots=2, max_prompt_tokens=100,
+                      max_tokens=16, default_max_tokens=16)
+    loop = EngineLoop(smollm.tokenizer)
+    try:
+        gen = GenerationEngine(smollm, choose_head(cfg, smollm), cfg, loop)
+        warmed = dict(gen.engine.runner.compile_log)
+        assert set(warmed) == {"verify 1×1@256", "verify 1×8@256", "verify 2×1@256", "verify 2×8@256",
+                               "draft 1×16@256 top-7", "draft 2×16@256 top-7"}
+        assert gen.graphs_info() == {"graphs": "compile", "compiled_buckets": 6,
+                                     "compile_s": round(sum(warmed.values()), 2)}
+        prompts = [encode_prompt(smollm.tokenizer, text) for text in ("Name a colour.", "Count to five.")]
+        dc = gen.decode_config(16, 0.0, 1.0, 0, [], None)
+
+        async def both():
+            async def one(i, ids):
+                return [e async for e in gen.events(f"r{i}", ids, dc)][-1].done
+
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+        done = asyncio.run(both())
+        assert all(g.stats.graphs == "compile" and g.stats.compile_s == 0 for g in done)
+        assert gen.engine.runner.compile_log == warmed
+    finally:
+        loop.close()
+
+
 # ------------------------------------------------------------------------------ the setting
 def test_auto_is_off_without_a_measurement_and_follows_the_hosts_verdict(tmp_path, monkeypatch):
     from jetflow.stepcore.modes import record_verdict
@@ -341,6 +383,26 @@ def test_auto_is_off_without_a_measurement_and_follows_the_hosts_verdict(tmp_pat
     assert resolve_graphs("auto", "host-a") == ("off", f"{ENV}=off")
     with pytest.raises(ValueError, match="graphs must be one of auto, compile, off"):
         EngineConfig(graphs="fast")
+
+
+def test_jetflow_graphs_measure_keeps_the_verdict_auto_follows(tmp_path, monkeypatch):
+    """The calibration decodes AR and the tree setting in both modes side by side (AR in the plain one-node
+    bucket), checks the outputs agree, and keeps its smallest ratio as this host's verdict."""
+    from jetflow.stepcore.calibrate import measure_and_record
+
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("JETFLOW_GRAPHS_BACKEND", "eager")
+    monkeypatch.delenv(ENV, raising=False)
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    result, key = measure_and_record(target, _prompts(2, seed=11), head, TreeSpec("best_first", 4, 3), new_tokens=6)
+    assert set(result["settings"]) == {"ar", "best_first-b4w3"}
+    assert all(s["lossless"] and s["eager_tok_s"] > 0 and s["compiled_tok_s"] > 0 for s in result["settings"].values())
+    assert set(result["buckets"]) == {"verify 1×1@256", "verify 1×4@256", "draft 1×6@256 top-3"}
+    assert result["ratio"] == min(s["ratio"] for s in result["settings"].values())
+    expected = "compile" if result["ratio"] >= 1.05 else "off"
+    assert resolve_graphs("auto", key)[0] == expected and Engine(target, None, EngineConfig()).graphs == expected
 
 
 def test_an_engine_that_resolves_to_off_is_the_reference_path():

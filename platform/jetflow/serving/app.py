@@ -222,7 +222,8 @@ class JetFlowServer:
         body = {"status": "ok" if ok else why, "model": self.model_id, "speculative": self.engine.choice.speculative,
                 "head_version": self.engine.choice.version, "engines": self.loop.engines,
                 "active": self.loop.active, "queued": self.loop.queued, "slots": self.cfg.max_slots,
-                "steps": self.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss}
+                "steps": self.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss,
+                **self.engine.graphs_info()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @api.get("/v1/models")

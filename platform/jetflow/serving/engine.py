@@ -293,6 +293,13 @@ class GenerationEngine:
         self.loop = loop
         loop.attach(self.engine)
 
+    def graphs_info(self) -> dict:
+        """How this engine's steps run (/healthz): the resolved graphs mode, and with compile the buckets compiled
+        (all of them before the replica took traffic) and their seconds."""
+        runner = self.engine.runner
+        return {"graphs": self.engine.graphs, "compiled_buckets": len(runner.compile_log) if runner else 0,
+                "compile_s": round(runner.compile_s, 2) if runner else 0.0}
+
     @property
     def active(self) -> int:
         return self.engine.active
