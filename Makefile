@@ -58,13 +58,13 @@ test-cluster: setup model
 	$(BIN)/python -m pytest -q tests -m cluster
 
 # The other end of the supported transformers range: vLLM 0.33.0 pins transformers <5.21, so the paths a
-# change to the model-forward API would break run again on transformers 5.20.2: the fast tests of the target forward + cache, sampling, the engine, head formats and
+# change to the model-forward API would break run again on transformers 5.20.2: the fast tests of the target forward + cache, sampling, the engine, the step core (it reads HF modules' weights and settings), head formats and
 # export, and on the real target (slow tests, named) tree verify and the KV cache, one lossless tree decode from a
 # random head and one from the noisy oracle, and batched regeneration. (The whole of those files on the real
 # target took ~20 min on the slower CI host class: it is what make test runs on the main environment.)
 COMPAT := .venv-tf520
 COMPAT_TRANSFORMERS := transformers==5.20.2
-COMPAT_TESTS := tests/test_compat.py tests/test_target.py tests/test_sampling.py tests/test_engine.py \
+COMPAT_TESTS := tests/test_compat.py tests/test_target.py tests/test_sampling.py tests/test_engine.py tests/test_stepcore.py \
                 tests/test_head.py tests/test_published_heads.py tests/test_vllm_export.py
 COMPAT_SLOW := tests/test_target.py::test_tree_node_logits_equal_running_its_root_to_node_path_alone_on_smollm \
                tests/test_target.py::test_kv_cache_after_every_round_equals_the_cache_of_ar_decoding_the_committed_tokens \
