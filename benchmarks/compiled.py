@@ -8,7 +8,7 @@ Parts (compile time is always reported apart from the timings, which start after
 
 - single: AR, and the serving setting (`--algorithm`/`--budget`/`--width`, the demo's by default) with the head,
   single stream on `--prompts` held-out MT-Bench + HumanEval prompts each, the two modes alternating prompt by
-  prompt (`jetflow.stepcore.calibrate`): decode tokens/s, their ratio, greedy outputs compared;
+  prompt (`jetflow.eval.graphs`): decode tokens/s, their ratio, greedy outputs compared;
 - verify: the engine step of one row at `--context` cached tokens for trees of N = 1 … 64 nodes, eager and
   compiled engines stepped in turn: the verify phase (target forward + acceptance) and the whole step;
 - cache: what a second process pays to compile the same buckets (inductor's on-disk cache, fresh for the first);
@@ -48,7 +48,7 @@ def _prompts(target, n: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------ single stream
 def part_single(args, target, head, tree) -> dict:
-    from jetflow.stepcore.calibrate import measure, measure_and_record
+    from jetflow.eval.graphs import measure, measure_and_record
 
     prompts = _prompts(target, args.prompts)
     fn = measure_and_record if args.record else measure
@@ -107,7 +107,8 @@ def part_verify(args, target, head) -> dict:
 # ------------------------------------------------------------------------------------------ compile cache
 WARM_CHILD = """
 import json, sys, time, torch
-from jetflow.decode import DecodeConfig, Decoder
+from jetflow.decode import DecodeConfig
+from jetflow.engine import decoder_for
 from jetflow.head import HeadRef
 from jetflow.target import TargetModel
 from jetflow.tree import TreeSpec
@@ -115,7 +116,7 @@ head, alg, budget, width, prompt_len, new = sys.argv[1:7]
 t0 = time.perf_counter()
 target = TargetModel.load("smollm2-135m")
 loaded = HeadRef.parse(head).load(target)
-dec = Decoder(target, loaded.head, graphs="compile")
+dec = decoder_for(target, loaded.head, "compile")
 ar = dec.warm(int(prompt_len), DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=int(new)))
 tree = dec.warm(int(prompt_len), DecodeConfig(tree=TreeSpec(alg, int(budget), int(width)), max_new_tokens=int(new)))
 print(json.dumps({"compile_s": ar + tree, "buckets": dec.compile_log, "wall_s": time.perf_counter() - t0}))

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetflow.decode import DecodeConfig, Decoder
-from jetflow.engine import Engine, EngineConfig
+from jetflow.engine import Engine, EngineConfig, SingleStream, decoder_for
 from jetflow.engine.kv import StaticSlotKV, TargetKV
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.stepcore.buckets import key_window, next_pow2
@@ -321,9 +321,10 @@ def test_inductor_compiled_ar_and_tree_decoding_on_smollm_are_greedy(smollm, tmp
     cfg_ar = DecodeConfig(max_new_tokens=16)
     cfg_tree = DecodeConfig(tree=TreeSpec("accum_logp", 8, 7), max_new_tokens=16)
     ar = Decoder(smollm).generate(prompt, cfg_ar).token_ids
-    dec = Decoder(smollm, head, graphs="compile", graphs_backend="inductor")
+    dec = decoder_for(smollm, head, "compile", graphs_backend="inductor")
     plain = dec.generate(prompt, cfg_ar)
     tree = dec.generate(prompt, cfg_tree)
+    assert isinstance(dec, SingleStream)
     assert_greedy(smollm, prompt, plain.token_ids, ar)
     assert_greedy(smollm, prompt, tree.token_ids, ar)
     assert plain.stats.graphs == "compile" and plain.stats.compile_s > 0 and dec.compile_s >= plain.stats.compile_s
@@ -388,7 +389,7 @@ def test_auto_is_off_without_a_measurement_and_follows_the_hosts_verdict(tmp_pat
 def test_jetflow_graphs_measure_keeps_the_verdict_auto_follows(tmp_path, monkeypatch):
     """The calibration decodes AR and the tree setting in both modes side by side (AR in the plain one-node
     bucket), checks the outputs agree, and keeps its smallest ratio as this host's verdict."""
-    from jetflow.stepcore.calibrate import measure_and_record
+    from jetflow.eval.graphs import measure_and_record
 
     monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
     monkeypatch.setenv("JETFLOW_GRAPHS_BACKEND", "eager")
@@ -409,7 +410,8 @@ def test_an_engine_that_resolves_to_off_is_the_reference_path():
     target = tiny_target("llama")
     engine = Engine(target, None, EngineConfig(max_slots=2))  # the suite pins JETFLOW_GRAPHS=off
     assert engine.graphs == "off" and engine.runner is None
-    assert Decoder(target, graphs="auto").graphs == "off"
+    single = decoder_for(target, None, "auto")
+    assert isinstance(single, Decoder) and single.graphs == "off" and single.warm(10, DecodeConfig()) == 0.0
 
 
 @pytest.mark.slow

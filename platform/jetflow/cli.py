@@ -85,7 +85,7 @@ def _read_prompts(path: str) -> list:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from jetflow.decode import Decoder
+    from jetflow.engine import decoder_for
     from jetflow.head import HeadRef
     from jetflow.target import TargetModel
 
@@ -100,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     device, dtype = opts.placement()
     target = TargetModel.load(opts.model, device=device, dtype=dtype)
     loaded = ref.load(target, seed=opts.decode.seed or 0)
-    decoder = Decoder(target, loaded.head if loaded else None, graphs=opts.graphs)
+    decoder = decoder_for(target, loaded.head if loaded else None, opts.graphs)
     if decoder.graphs == "compile":  # compile every bucket these prompts meet now, and say what it cost
         longest = max(len(decoder.encode(p, raw=opts.raw)) for p in prompts)
         seconds = decoder.warm(longest, opts.decode)
@@ -208,7 +208,7 @@ def cmd_graphs(args: argparse.Namespace) -> int:
         from jetflow.data import load_prompts
         from jetflow.decode import encode_prompt
         from jetflow.head import HeadRef
-        from jetflow.stepcore.calibrate import measure_and_record
+        from jetflow.eval.graphs import measure_and_record
         from jetflow.target import TargetModel
 
         ref = HeadRef.parse(opts.head)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from jetflow.decode.logprobs import TokenLogprob, token_logprobs
-from jetflow.decode.prompt import encode_prompt, stop_token_ids
+from jetflow.decode.prompt import prompt_ids, stop_token_ids
 from jetflow.decode.sampling import DecodeConfig, target_probs
 from jetflow.decode.stats import DecodeStats
 from jetflow.errors import PromptTooLongError
@@ -155,66 +155,40 @@ class _PathLogits:
 
 
 class Decoder:
-    """Lossless tree speculative decoding for one target and (optionally) one draft head.
+    """Lossless tree speculative decoding for one target and (optionally) one draft head: the eager reference
+    every other path (the batched engine, the compiled step core) is tested against. Its steps always run eagerly
+    (`graphs = "off"`); `jetflow.engine.decoder_for` gives a caller that asks for compiled steps a one-slot engine
+    with this class's API instead."""
 
-    `graphs`: off (default) runs this class's own loop, the eager reference every other path is tested against;
-    compile / auto (`jetflow.stepcore.modes`) run each generation through a one-slot `jetflow.engine.Engine` with
-    that setting — the step core, compiled per bucket — and `stream` stays the reference's."""
+    graphs = "off"        # how this decoder's steps run (jetflow.engine.SingleStream: "compile")
+    compile_s = 0.0       # seconds spent compiling (none: nothing is compiled)
 
-    def __init__(self, target: TargetModel, head: DraftHead | None = None, graphs: str = "off",
-                 graphs_backend: str | None = None):
+    def __init__(self, target: TargetModel, head: DraftHead | None = None):
         if head is not None:
             check_fits(head.config, target)
             head = head.to(device=target.device, dtype=target.dtype).eval()
         self.target = target
         self.head = head
         self.stop_ids = stop_token_ids(target)
-        self._engine = None
-        if graphs != "off":
-            from jetflow.engine import Engine, EngineConfig
-
-            backend = {"graphs_backend": graphs_backend} if graphs_backend else {}
-            engine = Engine(target, head, EngineConfig(max_slots=1, policy="fixed", graphs=graphs, **backend))
-            self._engine = engine if engine.runner is not None else None  # auto may resolve to off
-
-    @property
-    def graphs(self) -> str:
-        """How this decoder's generations run: compile (the step core) or off (the eager reference)."""
-        return "compile" if self._engine is not None else "off"
-
-    @property
-    def compile_s(self) -> float:
-        """Seconds spent compiling step-core buckets so far (graphs=compile)."""
-        return self._engine.runner.compile_s if self._engine is not None else 0.0
 
     @property
     def compile_log(self) -> dict[str, float]:
-        """Compiled step buckets so far → their compile seconds (graphs=compile)."""
-        return dict(self._engine.runner.compile_log) if self._engine is not None else {}
+        return {}
 
-    def warm(self, prompt_len: int, config: "DecodeConfig") -> float:
-        """graphs=compile: compile the buckets a generation of `config` from a `prompt_len`-token prompt meets,
-        now (so timings that follow exclude compiling) → seconds spent; 0 for the eager reference."""
-        if self._engine is None:
-            return 0.0
-        spec = self._speculative(config)
-        nodes = [config.tree.capped(self.head.config.block_size).budget] if spec else [1]
-        return self._engine.warm_graphs(prompt_len + config.max_new_tokens, nodes, config.tree.width if spec else 0)
+    def warm(self, prompt_len: int, config: DecodeConfig) -> float:
+        """Nothing to compile ahead of a generation: 0 seconds (SingleStream compiles its buckets here)."""
+        return 0.0
 
     # ------------------------------------------------------------------ API
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
         """Text (a user turn, chat-templated unless raw), chat messages, or token ids → token ids."""
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
-            return encode_prompt(self.target.tokenizer, prompt, raw=raw)  # type: ignore[arg-type]
-        return [int(t) for t in prompt]  # type: ignore[union-attr]
+        return prompt_ids(self.target.tokenizer, prompt, raw)
 
     def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig | None = None,
                  raw: bool = False, task: str | None = None) -> Generation:
         """`task`: a label for the prompt (a task or prompt-set name), read by the prompt-adaptive tree
         algorithms (task_router, class_histogram)."""
         config = config or DecodeConfig()
-        if self._engine is not None:
-            return self._engine.generate([self.encode(prompt, raw=raw)], config, [task])[0]
         state = None
         for state in self.stream(prompt, config, raw=raw, task=task):
             pass

@@ -18,6 +18,13 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], raw: bool = False) ->
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def prompt_ids(tokenizer, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
+    """Text (a user turn, chat-templated unless raw), chat messages, or token ids → token ids."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+        return encode_prompt(tokenizer, prompt, raw=raw)  # type: ignore[arg-type]
+    return [int(t) for t in prompt]  # type: ignore[union-attr]
+
+
 def stop_token_ids(target) -> set[int]:
     """EOS ids from the tokenizer and the generation config."""
     ids: set[int] = set()

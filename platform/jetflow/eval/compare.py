@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Sequence
 
 from jetflow import metrics
-from jetflow.decode import DecodeConfig, Decoder, DecodeStats, Generation, encode_prompt
+from jetflow.decode import DecodeConfig, DecodeStats, Generation, encode_prompt
+from jetflow.engine.single import decoder_for
 from jetflow.errors import InvalidSettingError
 from jetflow.eval.baselines import HFRun, hf_generate
 from jetflow.eval.config import EvalConfig  # noqa: F401  (its old import path)
@@ -137,10 +138,10 @@ class _Runner:
 
     def __init__(self, target, heads: Sequence[LoadedHead], cfg: EvalConfig):
         self.target, self.cfg = target, cfg
-        self.ar = Decoder(target, graphs=cfg.graphs)
-        self.spec = [Decoder(target, h.head, graphs=cfg.graphs) for h in heads]
+        self.ar = decoder_for(target, None, cfg.graphs)
+        self.spec = [decoder_for(target, h.head, cfg.graphs) for h in heads]
 
-    def _decoder(self, s: Setting) -> Decoder:
+    def _decoder(self, s: Setting):
         return self.ar if s.head is None else self.spec[s.head]
 
     def warm(self, s: Setting, prompt_len: int) -> None:

@@ -9,8 +9,10 @@ forward inside) stays the readable reference. This room is the fast path beside 
                the argmax of every node and the greedy acceptance of every row, on the device;
 - `head`     — `HeadCore`: the draft head's cached forward and its top-W per depth;
 - `runner`   — `StepRunner`: one entry per bucket, persistent input buffers filled in place, compiled with
-               `torch.compile(fullgraph=True, dynamic=False)`, compile time counted;
-- `calibrate`— the host measurement `auto` reads.
+               `torch.compile(fullgraph=True, dynamic=False)`, compile time counted.
+
+The engine (`jetflow.engine`) runs it; `jetflow.engine.decoder_for` gives single-stream callers a one-slot engine
+with the reference decoder's API; `jetflow.eval.graphs` is the host measurement `graphs=auto` reads.
 
 This package's `__init__` imports nothing heavy: `jetflow.stepcore.modes` is read by option parsers.
 """

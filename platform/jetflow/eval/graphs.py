@@ -1,4 +1,5 @@
-"""The host measurement `graphs=auto` follows: eager vs compiled decoding of the same prompts, side by side.
+"""The host measurement `graphs=auto` (`jetflow.stepcore.modes`) follows: eager vs compiled decoding of the same
+prompts, side by side (`jetflow graphs --measure`, `benchmarks/compiled.py`).
 
 Both modes decode every prompt in one process, the order of the modes alternating prompt by prompt (so a host
 that speeds up or slows down over the run weighs on both alike), after the compiled mode's buckets were
@@ -11,8 +12,9 @@ from __future__ import annotations
 from datetime import date
 from typing import Sequence
 
-from jetflow.decode import DecodeConfig, Decoder
+from jetflow.decode import DecodeConfig
 from jetflow.decode.lossless import greedy_equal
+from jetflow.engine.single import decoder_for
 from jetflow.stepcore.modes import record_verdict, target_key
 from jetflow.tree import TreeSpec
 
@@ -24,7 +26,7 @@ def measure(target, prompts: Sequence[Sequence[int]], head=None, tree: TreeSpec 
     settings = {"ar": DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=new_tokens)}
     if head is not None and tree is not None and not tree.plain:
         settings[tree.key] = DecodeConfig(tree=tree, max_new_tokens=new_tokens)
-    eager, compiled = Decoder(target, head, graphs="off"), Decoder(target, head, graphs="compile")
+    eager, compiled = decoder_for(target, head, "off"), decoder_for(target, head, "compile")
     longest = max(len(p) for p in prompts)
     compile_s = sum(compiled.warm(longest, cfg) for cfg in settings.values())
     tally = {(label, mode): [0, 0.0] for label in settings for mode in ("off", "compile")}
