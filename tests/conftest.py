@@ -68,6 +68,21 @@ def smollm() -> TargetModel:
     return TargetModel.load("smollm2-135m")
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (the engine's single-thread replicas; faster beside xdist's 2 workers)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_prompts(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[list[int]]:
+    """`n` prompts of token ids in 1..119 (the tiny targets' vocabulary), lengths in [lo, hi)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 120, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
+
+
 def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int = 0,
                 logit_scale: float = 30.0, layers: int = 6) -> TargetModel:
     """A random tiny Llama / Qwen2 / Qwen3 (no tokenizer: decode token ids)."""

@@ -20,20 +20,7 @@ from jetflow.engine.kv import GROW
 from jetflow.errors import PromptTooLongError
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.tree import TreeSpec
-from tests.conftest import OracleEngine, assert_greedy, tiny_target
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _prompts(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 120, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
+from tests.conftest import OracleEngine, assert_greedy, random_prompts, tiny_target
 
 
 CONFIGS = [DecodeConfig(tree=TreeSpec(a, b, 3), max_new_tokens=m) for a, b, m in (
@@ -48,7 +35,7 @@ def test_engine_tokens_equal_the_reference_decoder_for_mixed_trees_under_slot_pr
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6, copy_ngram=2, anchor_shortcut=True,
                                            depth_embedding=True))
-    prompts = _prompts(len(CONFIGS), seed=1)
+    prompts = random_prompts(len(CONFIGS), seed=1)
     reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, CONFIGS)]
     engine = Engine(target, head, EngineConfig(max_slots=3, prefill_chunk=7, prefill_tokens=16))
     assert [g.token_ids for g in engine.generate(prompts, CONFIGS)] == reference
@@ -59,7 +46,7 @@ def test_oracle_drafts_accepted_deep_and_off_spine_still_give_greedy_ar(causal, 
     target = tiny_target("qwen3")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=8, causal=causal))
-    prompts = _prompts(6, seed=3)
+    prompts = random_prompts(6, seed=3)
     cfg = DecodeConfig(tree=TreeSpec("accum_logp", 24, 4), max_new_tokens=40)
     ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=40)).token_ids for p in prompts]
     engine = OracleEngine(target, head, {tuple(p): p + a for p, a in zip(prompts, ar)},
@@ -74,7 +61,7 @@ def test_sampling_with_a_seed_gives_the_reference_decoders_tokens(one_thread):
     target = tiny_target("llama")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = _prompts(5, seed=4)
+    prompts = random_prompts(5, seed=4)
     cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.8, top_p=0.9, seed=s, max_new_tokens=20)
             for s in range(5)]
     reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, cfgs)]
@@ -83,7 +70,7 @@ def test_sampling_with_a_seed_gives_the_reference_decoders_tokens(one_thread):
 
 def test_an_engine_without_a_head_is_batched_plain_decoding(one_thread):
     target = tiny_target("qwen2")
-    prompts = _prompts(5, seed=5)
+    prompts = random_prompts(5, seed=5)
     ar = [Decoder(target).generate(p, DecodeConfig(max_new_tokens=12)).token_ids for p in prompts]
     engine = Engine(target, None, EngineConfig(max_slots=5))
     assert [g.token_ids for g in engine.generate(prompts, DecodeConfig(max_new_tokens=12))] == ar
@@ -381,7 +368,7 @@ def test_bf16_on_cpu_runs_and_every_engine_buffer_has_the_targets_device_and_dty
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
     engine = Engine(target, head, EngineConfig(max_slots=2))
-    out = engine.generate(_prompts(2, seed=9), DecodeConfig(tree=TreeSpec(budget=8, width=3), max_new_tokens=6))
+    out = engine.generate(random_prompts(2, seed=9), DecodeConfig(tree=TreeSpec(budget=8, width=3), max_new_tokens=6))
     assert all(len(g.token_ids) == 6 for g in out)
     tensors = engine.kv.keys + engine.kv.values + engine.head_kv.keys + engine.head_kv.values + [engine.last_ctx]
     assert {(t.device.type, t.dtype) for t in tensors} == {(device.type, dtype)}

@@ -15,22 +15,9 @@ from jetflow.engine import Engine, EngineConfig
 from jetflow.errors import InvalidSettingError
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.tree import TreeSpec
-from tests.conftest import OracleEngine, tiny_target
+from tests.conftest import OracleEngine, random_prompts, tiny_target
 
 TOL = 2e-5   # fp32: a tree verify, a batched plain step and one whole-sequence forward differ in summation order
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _prompts(n: int, seed: int, lo: int = 1, hi: int = 40) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 120, (int(k),), generator=g).tolist() for k in torch.randint(lo, hi, (n,), generator=g)]
 
 
 def _whole_forward(target, ids: list[int]) -> torch.Tensor:
@@ -57,7 +44,7 @@ def test_speculative_and_plain_decoding_give_the_logprobs_of_one_forward_of_the_
     target = tiny_target("qwen3")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=8))
-    prompts = _prompts(6, seed=3)
+    prompts = random_prompts(6, seed=3)
     plain_cfg = DecodeConfig(max_new_tokens=30, logprobs=3)
     reference = [Decoder(target).generate(p, plain_cfg) for p in prompts]
     compiled = {"graphs": graphs, "graphs_backend": "aot_eager"}
@@ -81,7 +68,7 @@ def test_sampled_tokens_get_the_targets_raw_logprobs_not_the_tempered_ones(one_t
     target = tiny_target("llama")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = _prompts(4, seed=4)
+    prompts = random_prompts(4, seed=4)
     cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.7, top_p=0.9, seed=s, max_new_tokens=20,
                          logprobs=2) for s in range(4)]
     reference = [Decoder(target, head).generate(p, c) for p, c in zip(prompts, cfgs)]
@@ -99,7 +86,7 @@ def test_prompt_logprobs_come_in_prefill_chunks_and_equal_the_whole_prompts_forw
     target = tiny_target("qwen2")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = _prompts(5, seed=6, lo=20, hi=60) + [[7]]                     # chunks of 5; a one-token prompt
+    prompts = random_prompts(5, seed=6, lo=20, hi=60) + [[7]]                     # chunks of 5; a one-token prompt
     cfg = DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=1, logprobs=1, prompt_logprobs=4)
     out = Engine(target, head, EngineConfig(max_slots=3, prefill_chunk=5, prefill_tokens=12)).generate(prompts, cfg)
     reference = [Decoder(target).generate(p, cfg) for p in prompts]
@@ -115,7 +102,7 @@ def test_only_requests_that_ask_pay_and_the_eager_path_reuses_the_walks_logits(o
     target = tiny_target("qwen3")
     torch.manual_seed(0)
     head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = _prompts(4, seed=7)
+    prompts = random_prompts(4, seed=7)
     rows = []
     logits = target.logits
     monkeypatch.setattr(target, "logits", lambda h: rows.append(h.shape[0]) or logits(h))

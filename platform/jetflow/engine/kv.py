@@ -131,7 +131,8 @@ class StaticSlotKV(SlotKV):
     Capacity: the key window of `max_len` (`jetflow.stepcore.buckets.key_window`), plus one scratch position
     (index `capacity`) where padding rows and nodes write and no row reads. On a CPU the buffers are anonymous
     memory maps: the kernel hands out zero pages as positions are first written, so the resident size follows
-    the tokens actually held, not the reservation (a read of a never-written position maps the shared zero page),
+    the tokens actually held, not the reservation (a read of a never-written position maps the shared zero page;
+    the maps opt out of transparent huge pages, so residency grows by 4 KiB pages),
     and `release` gives the pages back (madvise DONTNEED: zeros again, same addresses). On a GPU the reservation
     is the memory: size `max_len` (the engine's max_model_len) to the card."""
 
@@ -187,6 +188,8 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     for n in shape:
         nbytes *= n
     area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # where THP is `always`, one written position would make 2 MB resident
+        area.madvise(mmap.MADV_NOHUGEPAGE)
     return torch.frombuffer(area, dtype=dtype).view(shape)  # the tensor keeps the map alive
 
 
