@@ -16,6 +16,9 @@ Parts (compile time is always reported apart from the timings, which start after
   (policy fixed, 8 slots, prompts of at most 200 tokens: the held-out prompts here have 52-172), requests and
   load blocks alternating between them; the compiled replica's start (its buckets compiled before traffic) and
   both replicas' RSS;
+- footprint: an engine process with Serve's settings at `--slots` slots (default 16, the replica memory goal's),
+  eager and compiled, each fresh: resident anonymous and file-backed memory after each row bucket is compiled
+  and after serving as many requests;
 - memory: the static KV's reservation and resident cost per token, at 8 and 16 slots, bundled target and Qwen3-8B.
 
 Writes compiled.json and compiled.md under --out (default $JETFLOW_HOME/bench/compiled/).
@@ -220,6 +223,56 @@ def part_serve(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ memory
+FOOTPRINT_CHILD = """
+import gc, json, sys, torch
+from jetflow.decode import DecodeConfig
+from jetflow.engine import Engine, EngineConfig
+from jetflow.head import HeadRef
+from jetflow.target import TargetModel
+from jetflow.tree import TreeSpec
+head, alg, budget, width, slots, max_len, mode, threads = sys.argv[1:9]
+torch.set_num_threads(int(threads))
+def mem(stage, **kw):
+    st = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("Rss")}
+    stages.append({"stage": stage, "anon": st["RssAnon"], "file": st["RssFile"], **kw})
+stages = []
+target = TargetModel.load("smollm2-135m")
+loaded = HeadRef.parse(head).load(target)
+tree = TreeSpec(alg, int(budget), int(width))
+engine = Engine(target, loaded.head, EngineConfig(max_slots=int(slots), max_model_len=int(max_len), policy="fixed",
+                                                  graphs=mode))
+engine.warm_lm_head()
+mem("engine built")
+buckets = lambda: len(engine.runner.compile_log) if engine.runner is not None else 0
+r = 1
+while engine.runner is not None and r <= int(slots):  # Serve's warm, one row bucket at a time
+    engine.warm_graphs(int(max_len), [1, tree.budget], tree.width, rows=[r])
+    mem(f"rows {r} warm", buckets=buckets())
+    r *= 2
+prompts = [[(17 * i + 5 * k) % target.vocab_size for i in range(200)] for k in range(int(slots))]
+engine.generate(prompts, DecodeConfig(tree=tree, max_new_tokens=32))
+gc.collect()
+mem(f"{slots} requests served", buckets=buckets())
+print(json.dumps(stages))
+"""
+
+
+def part_footprint(args) -> dict:
+    """Resident memory of an engine process with Serve's settings (`--slots`, max_model_len 200 + `--new-tokens`),
+    eager and compiled, each in a fresh process: anonymous (the heap, the KV, compiled code) and file-backed (the
+    mmapped weights, libraries) apart, after each row bucket is compiled, and after serving `--slots` requests."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
+    out = {}
+    for mode in ("off", "compile"):
+        proc = subprocess.run([sys.executable, "-c", FOOTPRINT_CHILD, args.head, args.algorithm, str(args.budget),
+                               str(args.width), str(args.slots), str(200 + args.new_tokens), mode, "1"],
+                              capture_output=True, text=True, env=env, timeout=3600)
+        if proc.returncode:
+            raise RuntimeError(proc.stderr[-2000:])
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"slots": args.slots, "modes": out}
+
+
 def part_memory() -> dict:
     """The static KV: what it reserves and what a held token costs resident (the reservation is virtual on a CPU)."""
     from jetflow.engine.engine import STATIC_MAX_TREE
@@ -274,6 +327,13 @@ def markdown(r: dict) -> str:
             x = s[key]
             lines.append(f"| {label} | {x['off']['tok_s']:.1f} | {x['compile']['tok_s']:.1f} | **{x['ratio']:.2f}** | "
                          f"{x['identical']} |")
+    if "footprint" in r:
+        f = r["footprint"]
+        lines += ["", f"Engine process, {f['slots']} slots, Serve's settings (1 thread), fresh process per mode: resident "
+                      "memory, anonymous + file-backed (the mmapped weights, libraries):", "",
+                  "| mode | stage | compiled buckets | anon MiB | file MiB | total GiB |", "|---|---|---|---|---|---|"]
+        lines += [f"| {mode} | {x['stage']} | {x.get('buckets', 0)} | {x['anon'] / 2**20:.0f} | {x['file'] / 2**20:.0f} "
+                  f"| {(x['anon'] + x['file']) / 2**30:.2f} |" for mode, stages in f["modes"].items() for x in stages]
     if "memory" in r:
         lines += ["", "| static KV | per token | capacity | reserved | resident when every slot is full |",
                   "|---|---|---|---|---|"]
@@ -296,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--blocks", type=int, default=4, help="load blocks of 8 clients per app, alternating")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (this process and the replicas)")
-    p.add_argument("--parts", default="single,verify,cache,serve,memory")
+    p.add_argument("--slots", type=int, default=16, help="the footprint part's engine slots")
+    p.add_argument("--parts", default="single,verify,cache,serve,footprint,memory")
     p.add_argument("--record", action="store_true", help="keep part single's verdict for graphs=auto")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -336,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             report["cache"] = part_cache(args)
         elif part == "serve":
             report["serve"] = part_serve(args)
+        elif part == "footprint":
+            report["footprint"] = part_footprint(args)
         elif part == "memory":
             report["memory"] = part_memory()
         else:
