@@ -101,6 +101,23 @@ def tiny_target(arch: str, vocab: int = 128, max_positions: int = 512, seed: int
     return TargetModel(model, tokenizer=None, model_id=f"tiny-{arch}", revision="random")
 
 
+def seeded_sampling_case():
+    """A tiny Llama, a random head, 5 prompts with seeded sampling settings (temperature 0.8, top-p 0.9, a tree
+    of 8), and the reference decoder's tokens for each → (target, head, prompts, configs, reference)."""
+    from jetflow.decode import DecodeConfig, Decoder
+    from jetflow.head import DraftHead, HeadConfig
+    from jetflow.tree import TreeSpec
+
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    prompts = random_prompts(5, seed=4)
+    cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.8, top_p=0.9, seed=s, max_new_tokens=20)
+            for s in range(5)]
+    reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, cfgs)]
+    return target, head, prompts, cfgs, reference
+
+
 def assert_greedy(target, prompt_ids: list[int], got: list[int], expected: list[int]) -> None:
     """`got` is greedy decoding's `expected`: token-identical, or first different where the target's own top
     two logits are an fp32 tie and `got` took the other one (`jetflow.decode.lossless`)."""

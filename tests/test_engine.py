@@ -20,7 +20,7 @@ from jetflow.engine.kv import GROW
 from jetflow.errors import PromptTooLongError
 from jetflow.head import DraftHead, HeadConfig
 from jetflow.tree import TreeSpec
-from tests.conftest import OracleEngine, assert_greedy, random_prompts, tiny_target
+from tests.conftest import OracleEngine, assert_greedy, random_prompts, seeded_sampling_case, tiny_target
 
 
 CONFIGS = [DecodeConfig(tree=TreeSpec(a, b, 3), max_new_tokens=m) for a, b, m in (
@@ -58,13 +58,7 @@ def test_oracle_drafts_accepted_deep_and_off_spine_still_give_greedy_ar(causal, 
 
 
 def test_sampling_with_a_seed_gives_the_reference_decoders_tokens(one_thread):
-    target = tiny_target("llama")
-    torch.manual_seed(0)
-    head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = random_prompts(5, seed=4)
-    cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.8, top_p=0.9, seed=s, max_new_tokens=20)
-            for s in range(5)]
-    reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, cfgs)]
+    target, head, prompts, cfgs, reference = seeded_sampling_case()
     assert [g.token_ids for g in Engine(target, head, EngineConfig(max_slots=2)).generate(prompts, cfgs)] == reference
 
 

@@ -30,7 +30,7 @@ from jetflow.stepcore.modes import ENV, resolve_graphs
 from jetflow.stepcore.runner import StepRunner
 from jetflow.stepcore.target import greedy_accept
 from jetflow.tree import DraftTree, TreeSpec, walk
-from tests.conftest import OracleEngine, assert_greedy, random_prompts, tiny_target
+from tests.conftest import OracleEngine, assert_greedy, random_prompts, seeded_sampling_case, tiny_target
 
 BACKEND = "eager"
 
@@ -244,13 +244,7 @@ def test_the_layer_unit_compiles_one_layer_graph_for_every_layer_and_decodes_the
 
 
 def test_seeded_sampling_through_the_compiled_engine_gives_the_reference_tokens(one_thread):
-    target = tiny_target("llama")
-    torch.manual_seed(0)
-    head = DraftHead(HeadConfig.for_target(target, block_size=6))
-    prompts = random_prompts(5, seed=4)
-    cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 8, 3), temperature=0.8, top_p=0.9, seed=s, max_new_tokens=20)
-            for s in range(5)]
-    reference = [Decoder(target, head).generate(p, c).token_ids for p, c in zip(prompts, cfgs)]
+    target, head, prompts, cfgs, reference = seeded_sampling_case()
     assert [g.token_ids for g in _compiled(target, head, 2).generate(prompts, cfgs)] == reference
 
 
