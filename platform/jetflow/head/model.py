@@ -12,6 +12,7 @@ from torch import nn
 
 from jetflow.head.config import HeadConfig
 from jetflow.sdpa import scaled_dot_product_attention
+from jetflow.stepcore.buckets import kv_write_index
 from jetflow.target.projection import RowProjector
 
 
@@ -87,11 +88,10 @@ class Attention(nn.Module):
         whole slot buffers, writes padding beyond its window, and needs one `index_put_` into the buffer itself)."""
         keys, values = kv
         k, v = self.project_kv(x, rope_q)
-        b, dev = x.shape[0], x.device
-        index = (torch.arange(b, device=dev)[:, None, None], torch.arange(keys.shape[1], device=dev)[None, :, None],
-                 write[:, None, :])
+        index = kv_write_index(write, keys.shape[1])
         keys.index_put_(index, k)
         values.index_put_(index, v)
+        b = x.shape[0]
         keys, values = keys[:b, :, :window], values[:b, :, :window]
         return self.attend(x, rope_q, keys, values, mask)
 

@@ -1,4 +1,4 @@
-"""The static shapes of a compiled step, and the KV capacity steps.
+"""The static shapes of a compiled step, the KV capacity steps, and where a step writes into the slot KV.
 
 A compiled step has one entry per bucket; every input of a step is padded up to its bucket:
 
@@ -13,6 +13,8 @@ ever reads, and see only key 0; real nodes never see them: padding is masked bot
 """
 
 from __future__ import annotations
+
+import torch
 
 KEY_STEP = 256  # the smallest attention window, and the step of the KV capacity (doubling from it)
 
@@ -38,3 +40,13 @@ def bucket_label(key: tuple[int, ...]) -> str:
     """(rows, nodes, window[, width]) → "rows×nodes@window[ top-width]"."""
     rows, nodes, window = key[:3]
     return f"{rows}×{nodes}@{window}" + (f" top-{key[3]}" if len(key) > 3 else "")
+
+
+def kv_write_index(write: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where rows [0, R)'s new keys/values go in a slot buffer (slots, kv_heads, positions, d): `write` (R, N)
+    positions → the (row, head, position) index tensors, broadcasting to (R, kv_heads, N), for one `index_put_`
+    into the whole buffer (a write through a slice of a compiled graph's input makes the graph copy the whole
+    buffer back)."""
+    dev = write.device
+    return (torch.arange(write.shape[0], device=dev)[:, None, None],
+            torch.arange(kv_heads, device=dev)[None, :, None], write[:, None, :])

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jetflow.errors import InvalidSettingError
+from jetflow.stepcore.buckets import kv_write_index
 
 CORE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq fixed at load time (not dynamic / longrope)
@@ -222,10 +223,7 @@ class TargetCore:
         cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None]
         sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None]
         mask = tree_mask(write, past, anc, window, self.groups, self.dtype)
-        r, dev = write.shape[0], write.device
-        index = (torch.arange(r, device=dev)[:, None, None], torch.arange(self.shape.kv_heads, device=dev)[None, :, None],
-                 write[:, None, :])
-        return h, cos, sin, mask, index
+        return h, cos, sin, mask, kv_write_index(write, self.shape.kv_heads)
 
     def epilogue(self, h: torch.Tensor, taps: dict[int, torch.Tensor], ids: torch.Tensor, pos: torch.Tensor,
                  past: torch.Tensor, anc: torch.Tensor, parent: torch.Tensor, eligible: torch.Tensor) -> StepOut:
