@@ -103,8 +103,7 @@ def part_verify(args, target, head) -> dict:
                      "verify_ratio": off["verify"] / on["verify"], "eager_step_ms": off["step"],
                      "compiled_step_ms": on["step"], "step_ratio": off["step"] / on["step"]})
     return {"context": args.context, "repeats": args.repeats, "rows": rows,
-            "compile_s": engines["compile"][0].runner.compile_s,
-            "buckets": engines["compile"][0].runner.compile_log}
+            "compile_s": engines["compile"][0].compile_s, "buckets": engines["compile"][0].compile_log}
 
 
 # ------------------------------------------------------------------------------------------ compile cache
@@ -243,7 +242,7 @@ engine = Engine(target, loaded.head, EngineConfig(max_slots=int(slots), max_mode
                                                   graphs=mode))
 engine.warm_lm_head()
 mem("engine built")
-buckets = lambda: len(engine.runner.compile_log) if engine.runner is not None else 0
+buckets = lambda: len(engine.compile_log)
 r = 1
 while engine.runner is not None and r <= int(slots):  # Serve's warm, one row bucket at a time
     engine.warm_graphs(int(max_len), [1, tree.budget], tree.width, rows=[r])

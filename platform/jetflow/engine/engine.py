@@ -196,6 +196,16 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.running or self.prefilling or self.waiting)
 
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent compiling step buckets so far (0 for the eager reference)."""
+        return self.runner.compile_s if self.runner is not None else 0.0
+
+    @property
+    def compile_log(self) -> dict[str, float]:
+        """Compiled step buckets so far → their compile seconds ({} for the eager reference)."""
+        return dict(self.runner.compile_log) if self.runner is not None else {}
+
     def generate(self, prompts: Sequence[Sequence[int]], configs: DecodeConfig | Sequence[DecodeConfig],
                  tasks: Sequence[str | None] | None = None) -> list[Generation]:
         """Decode every prompt (all queued at once, `max_slots` at a time); Generations in prompt order.
@@ -247,6 +257,16 @@ class Engine:
                 if self.head is not None and width:
                     self.runner.warm_draft(r, window, width, self.head_kv, self.last_ctx)
         return self.runner.compile_s - before
+
+    def warm_decoding(self, max_context: int, config: DecodeConfig, plain_steps: bool = True) -> float:
+        """`warm_graphs` for requests of `config` of up to `max_context` tokens: its tree's bucket (chains capped
+        at the head's block) and the draft's, and with `plain_steps` the one-node bucket too (a load-aware policy
+        falls back to plain steps; under policy fixed a speculative request never meets it) → seconds spent."""
+        spec = self.head is not None and not config.tree.plain
+        if not spec:
+            return self.warm_graphs(max_context, [1])
+        tree = config.tree.capped(self.head.config.block_size)
+        return self.warm_graphs(max_context, [1, tree.budget] if plain_steps else [tree.budget], tree.width)
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
@@ -421,7 +441,7 @@ class Engine:
     # ------------------------------------------------------------------ decode
     def _decode(self, events: list[Event]) -> None:
         rows = list(self.running)  # _commit removes finished rows from self.running
-        compiled_before = self.runner.compile_s if self.runner is not None else 0.0
+        compiled_before = self.compile_s
         t0 = time.perf_counter()
         trees = self.policy.choose(rows)
         drafts = [DraftTree.root_only(s.anchor) for s in rows]
@@ -435,7 +455,7 @@ class Engine:
         accs = self._accept(rows, drafts, out)
         self._path_logprobs(rows, drafts, accs, out.hidden)
         t2 = self._now()
-        self._step_compile_s = self.runner.compile_s - compiled_before if self.runner is not None else 0.0
+        self._step_compile_s = self.compile_s - compiled_before
         committed = self._commit(rows, drafts, accs, out.features, events, t2 - t0)
         t3 = self._now()
         self.times.draft, self.times.verify, self.times.commit = t1 - t0, t2 - t1, t3 - t2

@@ -142,12 +142,13 @@ class StaticSlotKV(SlotKV):
         self.dtype, self.device, self.max_len = dtype, device, max_len
         self.capacity = key_window(max_len)
         shape = (slots, kv_heads, self.capacity + 1, head_dim)
-        need = 2 * num_layers * slots * kv_heads * (self.capacity + 1) * head_dim * dtype.itemsize
-        if device.type == "cuda" and need > torch.cuda.mem_get_info(device)[0]:
-            raise InvalidSettingError(
-                f"graphs=compile reserves the slot KV once: {need / 2**30:.1f} GiB for {slots} slots × "
-                f"{self.capacity} positions, more than the {torch.cuda.mem_get_info(device)[0] / 2**30:.1f} GiB free "
-                "on this GPU; set max_model_len (Serve: max_prompt_tokens + max_tokens) or fewer slots")
+        if device.type == "cuda":
+            need, free = self.resident_hint * slots * (self.capacity + 1), torch.cuda.mem_get_info(device)[0]
+            if need > free:
+                raise InvalidSettingError(
+                    f"graphs=compile reserves the slot KV once: {need / 2**30:.1f} GiB for {slots} slots × "
+                    f"{self.capacity} positions, more than the {free / 2**30:.1f} GiB free on this GPU; set "
+                    "max_model_len (Serve: max_prompt_tokens + max_tokens) or fewer slots")
         self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.values = [_zeros(shape, dtype, device) for _ in range(num_layers)]
 

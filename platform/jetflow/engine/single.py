@@ -29,12 +29,12 @@ class SingleStream:
     @property
     def compile_s(self) -> float:
         """Seconds spent compiling step buckets so far."""
-        return self.engine.runner.compile_s if self.engine.runner is not None else 0.0
+        return self.engine.compile_s
 
     @property
     def compile_log(self) -> dict[str, float]:
         """Compiled step buckets so far → their compile seconds."""
-        return dict(self.engine.runner.compile_log) if self.engine.runner is not None else {}
+        return self.engine.compile_log
 
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
         return prompt_ids(self.target.tokenizer, prompt, raw)
@@ -42,9 +42,7 @@ class SingleStream:
     def warm(self, prompt_len: int, config: DecodeConfig) -> float:
         """Compile the buckets a generation of `config` from a `prompt_len`-token prompt meets, now (timings that
         follow exclude compiling) → seconds spent."""
-        spec = self.head is not None and not config.tree.plain
-        nodes = [config.tree.capped(self.head.config.block_size).budget] if spec else [1]
-        return self.engine.warm_graphs(prompt_len + config.max_new_tokens, nodes, config.tree.width if spec else 0)
+        return self.engine.warm_decoding(prompt_len + config.max_new_tokens, config, plain_steps=False)
 
     def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig | None = None,
                  raw: bool = False, task: str | None = None) -> Generation:

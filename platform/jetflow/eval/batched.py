@@ -43,9 +43,7 @@ def throughput(target, head, prompts: Sequence[Sequence[int]], cfg: DecodeConfig
     from jetflow.engine import Engine, EngineConfig
 
     engine = Engine(target, head, EngineConfig(max_slots=concurrency, policy=policy, graphs=graphs))
-    spec = head is not None and not cfg.tree.plain
-    engine.warm_graphs(max(map(len, prompts)) + cfg.max_new_tokens, [1, cfg.tree.budget] if spec else [1],
-                       cfg.tree.width if spec else 0)
+    engine.warm_decoding(max(map(len, prompts)) + cfg.max_new_tokens, cfg)
     engine.generate([prompts[0]], DecodeConfig(tree=cfg.tree, max_new_tokens=2))
     total = max(concurrency, len(prompts))
     queue = [prompts[i % len(prompts)] for i in range(total)]

@@ -285,20 +285,17 @@ class GenerationEngine:
         self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
         self.engine.warm_lm_head()  # before the first request: its timing is not paid under a request's deadline
         if self.engine.runner is not None:  # graphs=compile: every bucket this replica's steps meet, compiled now
-            spec = choice.speculative
-            seconds = self.engine.warm_graphs(cfg.max_prompt_tokens + cfg.max_tokens,
-                                              [1, choice.tree.budget] if spec else [1], choice.tree.width if spec else 0)
+            seconds = self.engine.warm_decoding(cfg.max_prompt_tokens + cfg.max_tokens, DecodeConfig(tree=choice.tree))
             log.info("graphs=compile (%s): %d step buckets compiled in %.1f s, before taking traffic",
-                     self.engine.graphs_reason, len(self.engine.runner.compile_log), seconds)
+                     self.engine.graphs_reason, len(self.engine.compile_log), seconds)
         self.loop = loop
         loop.attach(self.engine)
 
     def graphs_info(self) -> dict:
         """How this engine's steps run (/healthz): the resolved graphs mode, and with compile the buckets compiled
         (all of them before the replica took traffic) and their seconds."""
-        runner = self.engine.runner
-        return {"graphs": self.engine.graphs, "compiled_buckets": len(runner.compile_log) if runner else 0,
-                "compile_s": round(runner.compile_s, 2) if runner else 0.0}
+        return {"graphs": self.engine.graphs, "compiled_buckets": len(self.engine.compile_log),
+                "compile_s": round(self.engine.compile_s, 2)}
 
     @property
     def active(self) -> int:
