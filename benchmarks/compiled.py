@@ -4,20 +4,20 @@
     python benchmarks/compiled.py --head demo --parts single,verify --prompts 4
     python benchmarks/compiled.py --head demo --record             # also keep the verdict graphs=auto follows
 
-Parts (compile time is always reported apart from the timings, which start after every bucket is compiled):
+Parts (compile time is always reported apart from the timings, which start after every graph is compiled):
 
 - single: AR, and the serving setting (`--algorithm`/`--budget`/`--width`, the demo's by default) with the head,
   single stream on `--prompts` held-out MT-Bench + HumanEval prompts each, the two modes alternating prompt by
   prompt (`jetflow.eval.graphs`): decode tokens/s, their ratio, greedy outputs compared;
 - verify: the engine step of one row at `--context` cached tokens for trees of N = 1 … 64 nodes, eager and
   compiled engines stepped in turn: the verify phase (target forward + acceptance) and the whole step;
-- cache: what a second process pays to compile the same buckets (inductor's on-disk cache, fresh for the first);
+- cache: what a second process pays to compile the same graphs (inductor's on-disk cache, fresh for the first);
 - serve: the engine through Ray Serve at 1 and 8 clients, an eager and a compiled app of the same head and tree
   (policy fixed, 8 slots, prompts of at most 200 tokens: the held-out prompts here have 52-172), requests and
-  load blocks alternating between them; the compiled replica's start (its buckets compiled before traffic) and
+  load blocks alternating between them; the compiled replica's start (its graphs compiled before traffic) and
   both replicas' RSS;
 - footprint: an engine process with Serve's settings at `--slots` slots (default 16, the replica memory goal's),
-  eager and compiled, each fresh: resident anonymous and file-backed memory after each row bucket is compiled
+  eager and compiled, each fresh: resident anonymous and file-backed memory after its graphs are compiled
   and after serving as many requests;
 - memory: the static KV's reservation and resident cost per token, at 8 and 16 slots, bundled target and Qwen3-8B.
 
@@ -92,7 +92,7 @@ def part_verify(args, target, head) -> dict:
                     policy.tree = trees[j]
                     t0 = time.perf_counter()
                     engine.step()
-                    if k:  # round 0: every shape once (the compiled engine compiles its buckets there)
+                    if k:  # round 0: every shape once (the compiled engine compiles its graphs there)
                         samples[(mode, sizes[j])]["verify"].append(engine.times.verify * 1000)
                         samples[(mode, sizes[j])]["step"].append((time.perf_counter() - t0) * 1000)
     rows = []
@@ -126,7 +126,7 @@ print(json.dumps({"compile_s": ar + tree, "buckets": dec.compile_log, "wall_s": 
 
 
 def part_cache(args) -> dict:
-    """Two fresh processes compile the same buckets, the first with an empty inductor cache."""
+    """Two fresh processes compile the same graphs, the first with an empty inductor cache."""
     import tempfile
 
     runs = []
@@ -243,11 +243,9 @@ engine = Engine(target, loaded.head, EngineConfig(max_slots=int(slots), max_mode
 engine.warm_lm_head()
 mem("engine built")
 buckets = lambda: len(engine.compile_log)
-r = 1
-while engine.runner is not None and r <= int(slots):  # Serve's warm, one row bucket at a time
-    engine.warm_graphs(int(max_len), [1, tree.budget], tree.width, rows=[r])
-    mem(f"rows {r} warm", buckets=buckets())
-    r *= 2
+if engine.runner is not None:  # Serve's warm: the step's graphs
+    engine.warm_graphs(tree.width)
+    mem("graphs compiled", buckets=buckets())
 prompts = [[(17 * i + 5 * k) % target.vocab_size for i in range(200)] for k in range(int(slots))]
 engine.generate(prompts, DecodeConfig(tree=tree, max_new_tokens=32))
 gc.collect()
@@ -258,8 +256,9 @@ print(json.dumps(stages))
 
 def part_footprint(args) -> dict:
     """Resident memory of an engine process with Serve's settings (`--slots`, max_model_len 200 + `--new-tokens`),
-    eager and compiled, each in a fresh process: anonymous (the heap, the KV, compiled code) and file-backed (the
-    mmapped weights, libraries) apart, after each row bucket is compiled, and after serving `--slots` requests."""
+    eager and compiled, each in a fresh process: anonymous (the heap, the KV, compiled code, packed weights) and
+    file-backed (the mmapped weights, libraries) apart, after the graphs are compiled, and after serving `--slots`
+    requests."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
     out = {}
     for mode in ("off", "compile"):
@@ -298,7 +297,7 @@ def markdown(r: dict) -> str:
     if "single" in r:
         s = r["single"]
         lines += [f"Single stream, {s['prompts']} prompts, {s['new_tokens']} tokens, {s['passes']} pass(es); compile "
-                  f"{s['compile_s']:.0f} s ({len(s['buckets'])} buckets) before timing:", "",
+                  f"{s['compile_s']:.0f} s ({len(s['buckets'])} graphs) before timing:", "",
                   "| setting | eager tok/s | compiled tok/s | compiled/eager | lossless |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {v['eager_tok_s']:.1f} | {v['compiled_tok_s']:.1f} | **{v['ratio']:.2f}** | {v['lossless']} |"
                   for k, v in s["settings"].items()]
@@ -312,14 +311,14 @@ def markdown(r: dict) -> str:
                   f"| {x['eager_step_ms']:.1f} | {x['compiled_step_ms']:.1f} | {x['step_ratio']:.2f} |" for x in v["rows"]]
     if "cache" in r:
         c = r["cache"]
-        lines += ["", f"Compiling the same {len(c['buckets'])} buckets: first process {c['first_process_s']:.1f} s, "
+        lines += ["", f"Compiling the same {len(c['buckets'])} graphs: first process {c['first_process_s']:.1f} s, "
                       f"second (inductor cache warm) {c['second_process_s']:.1f} s ({c['ratio']:.1f}x less)"]
     if "serve" in r:
         s = r["serve"]
         a = s["apps"]
         lines += ["", f"Ray Serve, one replica per app, {s['common']['algorithm']} b{s['common']['budget']}, policy "
                       f"fixed, 8 slots: app start eager {a['off']['start_s']:.0f} s, compiled {a['compile']['start_s']:.0f} s "
-                      f"(buckets compiled before traffic); RSS eager {a['off']['rss_bytes'] / 2**30:.2f} GiB, compiled "
+                      f"(graphs compiled before traffic); RSS eager {a['off']['rss_bytes'] / 2**30:.2f} GiB, compiled "
                       f"{a['compile']['rss_bytes'] / 2**30:.2f} GiB", "",
                   "| clients | eager tok/s | compiled tok/s | compiled/eager | identical |", "|---|---|---|---|---|"]
         for label, key in (("1", "one_client"), ("8", "eight_clients")):
@@ -330,7 +329,7 @@ def markdown(r: dict) -> str:
         f = r["footprint"]
         lines += ["", f"Engine process, {f['slots']} slots, Serve's settings (1 thread), fresh process per mode: resident "
                       "memory, anonymous + file-backed (the mmapped weights, libraries):", "",
-                  "| mode | stage | compiled buckets | anon MiB | file MiB | total GiB |", "|---|---|---|---|---|---|"]
+                  "| mode | stage | compiled graphs | anon MiB | file MiB | total GiB |", "|---|---|---|---|---|---|"]
         lines += [f"| {mode} | {x['stage']} | {x.get('buckets', 0)} | {x['anon'] / 2**20:.0f} | {x['file'] / 2**20:.0f} "
                   f"| {(x['anon'] + x['file']) / 2**30:.2f} |" for mode, stages in f["modes"].items() for x in stages]
     if "memory" in r:

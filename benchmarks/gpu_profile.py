@@ -142,7 +142,8 @@ def run(args) -> dict:
     out = Path(args.out)
     for case, budget in ((f"engine-b1-n{nodes}", nodes), ("engine-b1-plain", 1)):
         engine = Engine(target, head if budget > 1 else None,
-                        EngineConfig(max_slots=1, prefill_chunk=context, prefill_tokens=context))
+                        # the eager engine: its phases are Python methods to label (a compiled step is one graph)
+                        EngineConfig(max_slots=1, prefill_chunk=context, prefill_tokens=context, graphs="off"))
         tree = TreeSpec("accum_logp", budget, 7) if budget > 1 else TreeSpec(budget=1)
         engine.add(prompt, DecodeConfig(tree=tree, max_new_tokens=(args.steps + 4) * 17))
         while engine.prefilling or engine.waiting:

@@ -53,12 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     stored = ("stored as its serving tree config" if out.stored else
               "not stored (the head is not registered: jobs/register.py registers it)" if not sweep.head.registered
               else "not stored (--store-best false)")
+    d = sweep.decision
+    vllm = d.get("baseline") == "vllm_ar"
+    baseline = (f"vLLM AR = vLLM {d.get('vllm_version')}, eager, same prompts and {d.get('max_new_tokens')} tokens, "
+                "timed in the same trials" if vllm else f"JetFlow AR: {d.get('baseline_note')}")
     if sweep.best is None:
-        print(f"{sweep.head.label}: served with plain decoding — {stored}")
+        ar = d.get("speedup_vs_baseline")
+        vs = f"; JetFlow's AR at {ar:.2f}x vLLM AR" if vllm and ar is not None else ""
+        print(f"{sweep.head.label}: served with plain decoding{vs} (baseline {baseline}) — {stored}")
     else:
         b = sweep.best
+        graphs = d.get("graphs", "unknown")
+        headline = (f"{d['speedup_vs_vllm_ar']:.2f}x vLLM AR, {b['speedup']:.2f}x JetFlow AR"
+                    if vllm and d.get("speedup_vs_vllm_ar") is not None else f"{b['speedup']:.2f}x JetFlow AR")
         print(f"serving setting for {sweep.head.label}: {sweep.best_tree.label()} at temperature {b['temperature']:g} "
-              f"(τ {b['tau']:.2f}, timed speedup {b['speedup']:.2f}x vs AR) — {stored}")
+              f"(τ {b['tau']:.2f}, timed speedup {headline}, JetFlow with graphs={graphs}; baseline {baseline}) "
+              f"— {stored}")
+    if d.get("backends"):
+        from jetflow.sweeps.backends import backends_text
+
+        print(f"backends (tokens/s, requests in flight): {backends_text(d['backends'])}")
     if sweep.budget_table:
         levels = ", ".join(f"{c} → {'plain' if b == 1 else b}" for c, b in sorted(sweep.budget_table.items()))
         print(f"best budget per concurrency, predicted from τ (requests in flight → budget): {levels}")

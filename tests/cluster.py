@@ -148,9 +148,13 @@ class LocalCluster:
         """The whole, clean environment a node's raylet (so every task and actor on it) starts with."""
         path = os.pathsep.join([str(_BIN), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
                                 "/sbin", "/bin"])
+        # the suite's pin of `graphs=auto` (tests/conftest.py: the eager reference) reaches every node: without it
+        # each worker node would calibrate and compile the step core on first use (minutes per node on 2 cores),
+        # which the cluster tests are not about (tests/test_stepcore.py carries compiled kernels through storage)
+        pinned = {k: os.environ[k] for k in ("JETFLOW_GRAPHS",) if k in os.environ}
         return {"PATH": path, "HOME": str(Path.home()), "LANG": "C.UTF-8",
                 "JETFLOW_HOME": str(self.jetflow_home), "HF_HOME": str(self.hf_home),
-                "TOKENIZERS_PARALLELISM": "false", **RAY_ENV, **AWS_CREDENTIALS, **self.ray_env}
+                "TOKENIZERS_PARALLELISM": "false", **pinned, **RAY_ENV, **AWS_CREDENTIALS, **self.ray_env}
 
     def driver_env(self) -> dict[str, str]:
         """What a driver process needs on top of `os.environ`: `env={**os.environ, **cluster.driver_env()}`."""

@@ -166,6 +166,73 @@ def test_step_cost_curve_interpolates_between_measured_points():
     assert StepCostCurve.from_dict(curve.to_dict()) == curve
 
 
+def test_a_tree_smaller_than_the_smallest_measured_one_is_not_interpolated_from_plain():
+    """A speculative step pays the draft whatever its tree: T(B, 2) is the smallest measured tree's time less the
+    next segment's verify slope (never below plain), not a line from plain (which made b2 look 35 % cheaper)."""
+    # plain 100 ms; 4 nodes 200 (the draft and a 4-node verify), 8 nodes 240: 10 ms a node
+    curve = StepCostCurve("test", 100, (1, 8), (1, 4, 8), ((100.0, 200.0, 240.0), (300.0, 500.0, 580.0)))
+    assert curve.step_ms(1, 2) == pytest.approx(180.0)              # linear from plain would say 133
+    assert curve.step_ms(8, 3) == pytest.approx(480.0)              # 500 - 1 x 20
+    assert curve.step_ms(4.5, 2) == pytest.approx((180.0 + 460.0) / 2)  # rows still bilinear
+    assert (curve.step_ms(1, 1), curve.step_ms(1, 4), curve.step_ms(1, 6)) == (100.0, 200.0, 220.0)
+    steep = StepCostCurve("test", 100, (1,), (1, 4, 8), ((100.0, 120.0, 400.0),))
+    assert steep.step_ms(1, 2) == 100.0                             # extrapolated below plain: plain's time
+    one = StepCostCurve("test", 100, (1,), (1, 4), ((100.0, 200.0),))
+    assert one.step_ms(1, 2) == 200.0                               # one tree size measured: its time
+    assert one.step_ms(1, 8) == pytest.approx(100.0 + 100.0 * 7 / 3)  # above it: the last segment, extended
+    # what the load-aware policy weighs at 8 rows with τ(2) 1.43: plain's 8 tokens a step beat b2's 11.4
+    assert 8 / curve.step_ms(8, 1) > 8 * 1.43 / curve.step_ms(8, 2)
+
+
+def test_a_kept_step_curve_that_measured_more_serves_a_smaller_ask_and_nothing_else(monkeypatch, tmp_path):
+    """cached_step_curve reads a kept curve of the same target, head shape, threads and step mode that measured
+    every batch and tree size asked for: the budget sweep's curve (trees to b64) serves its champion's replica
+    (b4). More rows than measured, or another step mode, are measured (here: the measurement recorded)."""
+    from jetflow.engine import cost
+
+    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
+    torch.manual_seed(0)
+    target = tiny_target("llama")
+    head = DraftHead(HeadConfig.for_target(target, block_size=4))
+    asked = []
+
+    def measured(target, head, batch, nodes, context, graphs="off"):
+        asked.append((tuple(batch), tuple(nodes), graphs))
+        return StepCostCurve("test", context, tuple(batch), tuple(nodes),
+                             tuple(tuple(10.0 * b + n for n in nodes) for b in batch))
+
+    monkeypatch.setattr(cost, "measure_step_curve", measured)
+    sweep = cost.cached_step_curve(target, head, max_slots=8, max_budget=64)
+    assert cost.cached_step_curve(target, head, max_slots=8, max_budget=4) == sweep   # read, not measured
+    assert cost.cached_step_curve(target, head, max_slots=4, max_budget=8) == sweep
+    cost.cached_step_curve(target, head, max_slots=16, max_budget=4)
+    cost.cached_step_curve(target, head, max_slots=8, max_budget=4, graphs="compile")
+    assert asked == [((1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64), "off"), ((1, 2, 4, 8, 16), (1, 2, 4), "off"),
+                     ((1, 2, 4, 8), (1, 2, 4), "compile")]
+    assert len(list((tmp_path / "cost").glob("steps-*.json"))) == 3
+
+
+def test_a_long_prompt_is_fed_in_small_chunks_while_short_ones_beside_it_go_in_full(one_thread):
+    """While requests run, a prompt longer than prefill_tokens is fed in chunks whose forward costs at most a
+    decode step (here the curve prices every chunk above it: 8 tokens); a short prompt admitted with it is not
+    held to that chunk (it was: one 8-token chunk a step for everyone, and 8 clients got half a plain replica)."""
+    target = tiny_target("llama")
+    torch.manual_seed(0)
+    head = DraftHead(HeadConfig.for_target(target, block_size=4))
+    dear = StepCostCurve("test", 100, (1,), (1, 4), ((1e6, 1e6),))
+    engine = Engine(target, head, EngineConfig(max_slots=4, prefill_chunk=32, prefill_tokens=64, policy="auto",
+                                               cost_curve=dear))
+    engine.add(random_prompts(1, seed=3)[0][:10], DecodeConfig(max_new_tokens=40))
+    while not engine.running:
+        engine.step()
+    long_id = engine.add([5] * 200, DecodeConfig(max_new_tokens=4))
+    short_id = engine.add([7] * 20, DecodeConfig(max_new_tokens=4))
+    engine.step()
+    fed = {s.id: s.prefilled for s in engine.prefilling}
+    assert fed == {long_id: 8}
+    assert short_id in {s.id for s in engine.running}   # its 20 tokens in the same step: decoding already
+
+
 def test_the_step_curve_alternates_batch_and_tree_sizes_step_by_step(monkeypatch):
     """measure_step_curve: per batch size one set of rows, prefilled once (three times at one row, for the
     prefill cost) before any step is timed; then rounds of one decode step per (batch size, tree size), the

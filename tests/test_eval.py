@@ -312,7 +312,7 @@ def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target
     (["--algorithms", "beam"], ["unknown tree algorithm"]),
     (["--temperatures", "-1"], ["temperature"]),
     (["--baselines", "maybe"], ["true/false"]),
-    (["--head", "random", "--vllm"], ["needs vLLM", "pip install"]),   # GPU-only rows, refused up front on CPU
+    (["--head", "random", "--vllm"], ["needs vLLM", "make setup-vllm"]),  # no vLLM: refused up front
     (["--prompts", "x"], ["--prompts"]),
     (["--no-such-option"], ["--no-such-option"]),
     (["--head", "random-bidirectional"], ["pass it as --bidirectional-head"]),
@@ -320,6 +320,8 @@ def test_evaluate_job_missing_head_exits_2_in_one_line_before_loading_the_target
 ])
 def test_evaluate_job_bad_input_is_one_line_and_exit_2(args, fragments, capsys, monkeypatch):
     from jetflow.target import TargetModel
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # a machine without vLLM, whether or not this one has it
 
     def no_load(*_a, **_k):
         raise AssertionError("bad input must be refused before the target loads")

@@ -107,11 +107,29 @@ def test_only_requests_that_ask_pay_and_the_eager_path_reuses_the_walks_logits(o
     logits = target.logits
     monkeypatch.setattr(target, "logits", lambda h: rows.append(h.shape[0]) or logits(h))
 
-    def lm_head_rows(asks: list[bool], graphs: str = "off", accept: str = "device") -> tuple[int, list]:
+    def lm_head_rows(asks: list[bool], graphs: str = "off", every_node: bool = False) -> tuple[int, list]:
+        """LM-head rows computed for 4 requests (`asks`: which want logprobs): the eager LM head's, or with the step
+        core its LM-head graph's beyond the every-node argmax of small steps (`every_node`) or by the walk."""
         cfgs = [DecodeConfig(tree=TreeSpec("accum_logp", 6, 3), max_new_tokens=12, logprobs=2 if a else None)
                 for a in asks]
-        engine = Engine(target, head, EngineConfig(max_slots=4, graphs=graphs, graphs_backend="aot_eager",
-                                                   graphs_accept=accept))
+        engine = Engine(target, head, EngineConfig(max_slots=4, graphs=graphs, graphs_backend="aot_eager"))
+        if engine.runner is not None:
+            runner, graph_logits = engine.runner, engine.runner.logits
+            runner.lm_head_all = 10**6 if every_node else 0
+            every = runner.verify
+
+            def verify(*args):  # the every-node argmax is the step's own: not counted
+                runner.logits = graph_logits
+                try:
+                    return every(*args)
+                finally:
+                    runner.logits = counted
+
+            def counted(h):
+                rows.append(h.shape[0])
+                return graph_logits(h)
+
+            runner.verify, runner.logits = verify, counted
         rows.clear()
         out = engine.generate(prompts, cfgs)
         return sum(rows), out
@@ -121,13 +139,13 @@ def test_only_requests_that_ask_pay_and_the_eager_path_reuses_the_walks_logits(o
     assert every == none and all(len(g.logprobs) == len(g.token_ids) for g in out)   # no LM-head row added
     _, mixed = lm_head_rows([True, False, True, False])
     assert [g.logprobs is not None for g in mixed] == [True, False, True, False]
-    # the step core accepts greedy rows on the device: no LM head on the host, unless a row asks for logprobs
-    assert lm_head_rows([False] * 4, "compile")[0] == 0
-    paid, out = lm_head_rows([True, False, False, False], "compile")
+    # the step core with every node's argmax from the step: no further LM head, unless a row asks for logprobs
+    assert lm_head_rows([False] * 4, "compile", every_node=True)[0] == 0
+    paid, out = lm_head_rows([True, False, False, False], "compile", every_node=True)
     assert 0 < paid <= sum(g.stats.rounds + len(g.token_ids) for g in out[:1])
-    # the step core leaving acceptance to the walk (a CPU's default): the walk's logits serve, as on the eager path
-    walk_none, _ = lm_head_rows([False] * 4, "compile", "walk")
-    walk_every, out = lm_head_rows([True] * 4, "compile", "walk")
+    # the step core leaving the LM head to the walk (large steps): the walk's logits serve, as on the eager path
+    walk_none, _ = lm_head_rows([False] * 4, "compile")
+    walk_every, out = lm_head_rows([True] * 4, "compile")
     assert walk_every == walk_none > 0 and all(len(g.logprobs) == len(g.token_ids) for g in out)
 
 

@@ -1,6 +1,6 @@
 """cuDNN's SDPA backend is off in every attention call of the target and the draft head (`jetflow.sdpa`): on an
 H200 it rebuilt an execution plan for every new key length, i.e. every decoding step — 8 ms of host time per
-attention call in a 128-node tree step (BENCHMARKS.md, "GPU"). PyTorch's backend switch is a global flag that
+attention call in a 128-node tree step (benchmarks/HISTORY.md, "GPU"). PyTorch's backend switch is a global flag that
 reads the same on a CPU, so these tests see at each call what a GPU would have chosen from."""
 
 from __future__ import annotations

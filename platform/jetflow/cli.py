@@ -101,11 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target = TargetModel.load(opts.model, device=device, dtype=dtype)
     loaded = ref.load(target, seed=opts.decode.seed or 0)
     decoder = decoder_for(target, loaded.head if loaded else None, opts.graphs)
-    if decoder.graphs == "compile":  # compile every bucket these prompts meet now, and say what it cost
-        longest = max(len(decoder.encode(p, raw=opts.raw)) for p in prompts)
-        seconds = decoder.warm(longest, opts.decode)
-        print(f"[graphs: compile ({opts.graphs}): {len(decoder.compile_log)} step buckets compiled in {seconds:.1f} s]",
-              file=sys.stderr, flush=True)
+    if decoder.graphs == "compile":  # compile the step's graphs now, and say why and what it cost
+        seconds = decoder.warm(0, opts.decode)
+        print(f"[graphs: compile ({decoder.graphs_reason}): {len(decoder.compile_log)} step graphs compiled in "
+              f"{seconds:.1f} s]", file=sys.stderr, flush=True)
     for prompt in prompts:
         result = decoder.generate(prompt, opts.decode, raw=opts.raw)
         if opts.json:

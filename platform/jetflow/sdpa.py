@@ -4,7 +4,7 @@ PyTorch picks an SDPA backend per call; on Hopper GPUs it prefers cuDNN's attent
 execution plan for every new (query length, key length) it meets. In decoding the key length grows with
 every committed token, so every step paid a plan build in every model: on an H200 (torch 2.11, bf16), 1.5 ms
 of host time per attention call in a plain engine step and 8 ms in a 128-node tree step, against ~0.12 ms
-for a shape it had seen — most of a step's time, with the GPU idle (BENCHMARKS.md, "GPU"). JetFlow's
+for a shape it had seen — most of a step's time, with the GPU idle (benchmarks/HISTORY.md, "GPU"). JetFlow's
 attention therefore runs with cuDNN's backend switched off for the call: PyTorch then takes flash attention
 where there is no mask and memory-efficient attention with one (the math kernel where neither applies). The
 same function, other kernels; CPU and the backends it picks there are unchanged.

@@ -26,7 +26,7 @@ class RegenConfig:
     shard_size: int = 64              # prompts per stored shard: the unit of resume and of work per worker
     workers: int = 1                  # >1: shards spread over this many Ray actors
     backend: str = "hf"               # "hf" (our batched greedy/sampling loop on the transformers model) or
-                                      # "vllm" (needs the [vllm] extra)
+                                      # "vllm" (needs vLLM: `make setup-vllm` on a CPU, the [vllm] extra on a GPU)
     device: str | None = None         # cpu, cuda, cuda:N (default: cuda when a GPU is visible); one GPU per worker
     dtype: str | None = None          # fp32, bf16, fp16 (default: bf16 on a GPU, fp32 on a CPU)
 
@@ -40,7 +40,7 @@ class RegenConfig:
         if self.backend not in BACKENDS:
             raise InvalidSettingError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "vllm" and self.workers > 1:
-            raise InvalidSettingError("backend 'vllm' batches every prompt of a shard itself on one GPU engine; "
+            raise InvalidSettingError("backend 'vllm' batches every prompt of a shard itself on one engine; "
                                       "use workers=1 (Ray actors would each start a vLLM engine)")
 
     def key(self, revision: str) -> str:

@@ -161,6 +161,7 @@ class Decoder:
     with this class's API instead."""
 
     graphs = "off"        # how this decoder's steps run (jetflow.engine.SingleStream: "compile")
+    graphs_reason = "the reference decoder"
     compile_s = 0.0       # seconds spent compiling (none: nothing is compiled)
 
     def __init__(self, target: TargetModel, head: DraftHead | None = None):

@@ -59,12 +59,24 @@ class StepCostCurve:
         return i, j, (x - xs[i]) / (xs[j] - xs[i])
 
     def step_ms(self, batch: float, nodes: float) -> float:
-        """T(B, N) in ms, bilinear between measured points."""
+        """T(B, N) in ms, bilinear between measured points — but never between plain and a tree: a speculative
+        step pays the head's draft whatever its tree's size, so a tree smaller than the smallest one measured
+        (N between 1 and nodes[1]) costs the smallest tree's time less the verify slope of the next measured
+        segment (nodes[1]..nodes[2]), at least a plain step's; with one tree size measured, that tree's time.
+        (Interpolated from plain, a 2-node tree at 8 rows came out 35 % cheaper than it is, and the budget table
+        and the load-aware policy chose it over plain where plain was faster.)"""
         bi, bj, bw = self._interp(self.batch, batch)
-        ni, nj, nw = self._interp(self.nodes, nodes)
+        n = self.nodes
+        if len(n) > 1 and 1 < nodes < n[1]:
+            def row(r):
+                ms = self.ms[r]
+                slope = (ms[2] - ms[1]) / (n[2] - n[1]) if len(n) > 2 else 0.0
+                return max(ms[0], ms[1] - slope * (n[1] - nodes))
+        else:
+            ni, nj, nw = self._interp(n, nodes)
 
-        def row(r):
-            return self.ms[r][ni] + (self.ms[r][nj] - self.ms[r][ni]) * nw
+            def row(r):
+                return self.ms[r][ni] + (self.ms[r][nj] - self.ms[r][ni]) * nw
 
         return max(1e-3, row(bi) + (row(bj) - row(bi)) * bw)
 
@@ -132,7 +144,7 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
     (measured one size after another, plain decoding at one row — the first point — came out 10-25 % slow
     on a noisy host; measured one batch size after another, a 4-row plain step once came out cheaper than a
     2-row one). The prefill cost per prompt token is the median of three single-row prefills of a
-    `context`-token prompt. `graphs`: how the engines run their steps (compile: round 0 compiles each bucket)."""
+    `context`-token prompt. `graphs`: how the engines run their steps (compile: round 0 compiles the graphs)."""
     from jetflow.decode import DecodeConfig
     from jetflow.engine.engine import Engine, EngineConfig
     from jetflow.eval.cost_model import device_name
@@ -185,9 +197,12 @@ def measure_step_curve(target, head, batch: Sequence[int] = (1, 2, 4, 8), nodes:
 def cached_step_curve(target, head, max_slots: int, max_budget: int, context: int = 200,
                       graphs: str = "off") -> StepCostCurve:
     """The step cost curve of this target, head shape and device, measured once per machine and kept under
-    `$JETFLOW_HOME/cost/` (batch sizes 1, 2, 4, … up to `max_slots`; tree sizes 1, 4, 8, … up to
-    `max_budget`): the auto policy of every later engine on this machine starts from it. `graphs`: the
-    engines' resolved step mode (off or compile): each has its own curve."""
+    `$JETFLOW_HOME/cost/` (batch sizes 1, 2, 4, … up to `max_slots`; tree sizes 1, 2, 4, 8, … up to
+    `max_budget`): the auto policy of every later engine on this machine starts from it. A curve kept for the same
+    target, head shape, device, dtype, threads, context and step mode that measured every batch and tree size
+    asked for (and more) is read instead of measuring again: the budget sweep's curve (trees up to its largest
+    budget) serves the replica of the head it promotes. `graphs`: the engines' resolved step mode (off or
+    compile): each has its own curve."""
     import hashlib
 
     import torch
@@ -196,16 +211,25 @@ def cached_step_curve(target, head, max_slots: int, max_budget: int, context: in
     from jetflow.paths import jetflow_home
 
     batch = sorted({min(max_slots, 2 ** k) for k in range(0, 8) if 2 ** k <= 2 * max_slots} | {max_slots})
-    nodes = sorted({1} | {n for n in (4, 8, 16, 32, 64, 128, 256) if n <= max(max_budget, 4)})
-    identity = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
-                "dtype": str(target.dtype), "threads": torch.get_num_threads(), "batch": batch, "nodes": nodes,
-                "context": context, "head": head.config.to_dict() if head is not None else None,
-                "measures": "steps+prefill, batch and tree sizes alternating",  # a curve cached by an older method
-                **({"graphs": graphs} if graphs != "off" else {})}                # is re-measured
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = jetflow_home() / "cost" / f"steps-{key}.json"
-    if path.is_file():
-        return StepCostCurve.load(path)
+    # 2: the smallest tree (one drafted node) is measured, not inferred: it pays the whole draft
+    nodes = sorted({1} | {n for n in (2, 4, 8, 16, 32, 64, 128, 256) if n <= max(max_budget, 4)})
+    family = {"target": target.model_id, "revision": target.revision, "device": device_name(target.device),
+              "dtype": str(target.dtype), "threads": torch.get_num_threads(), "context": context,
+              "head": head.config.to_dict() if head is not None else None,
+              "measures": "steps+prefill, batch and tree sizes alternating",  # a curve cached by an older method
+              **({"graphs": graphs} if graphs != "off" else {})}                # is re-measured
+
+    def digest(d: dict) -> str:
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    folder, fam = jetflow_home() / "cost", digest(family)
+    for path in sorted(folder.glob(f"steps-{fam}-*.json")):
+        try:
+            curve = StepCostCurve.load(path)
+        except (OSError, ValueError, InvalidSettingError):
+            continue
+        if set(batch) <= set(curve.batch) and set(nodes) <= set(curve.nodes):
+            return curve
     curve = measure_step_curve(target, head, batch, nodes, context, graphs=graphs)
-    curve.save(path)
+    curve.save(folder / f"steps-{fam}-{digest({'batch': batch, 'nodes': nodes})}.json")
     return curve

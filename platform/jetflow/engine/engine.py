@@ -12,9 +12,10 @@ Slots: running requests occupy slots [0, R), requests being prefilled [R, R + P)
 contiguous rows of the slot KV (views, no copies).
 
 `graphs` (EngineConfig): `off` runs the draft and the verify as above, the eager reference; `compile` runs them in
-the step core (`jetflow.stepcore`: one compiled entry per (rows, nodes, key window) bucket over a `StaticSlotKV`
-reserved once; rows [0, R) padded up to the bucket, every running row drafted) — prefill, the tree build,
-sampling, compaction and commit stay here, the same code for both.
+the step core (`jetflow.stepcore`: one compiled graph per role — verify, LM head, draft — with dynamic shapes,
+over a `StaticSlotKV` reserved once; every running row drafted); `auto` compiles where this host's verdict says it
+pays, measuring it on first use (`jetflow.engine.calibrate`). Prefill, the tree build, sampling, compaction and
+commit stay here, the same code for both.
 
 Host syncs per decode step on a GPU (greedy; counted in this file): the draft's top-k comes to the host once
 (`_draft`: values and ids, 2 `.tolist()`), because the tree is built there; each round of the acceptance
@@ -33,7 +34,7 @@ import itertools
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -48,8 +49,8 @@ from jetflow.engine.sequence import Event, Request, RequestCancelledError, Reque
 from jetflow.errors import InvalidSettingError, PromptTooLongError
 from jetflow.head import check_fits
 from jetflow.head.copy import copy_inputs
-from jetflow.stepcore.modes import check_graphs, resolve_graphs, target_key
-from jetflow.tree import MAX_BUDGET, Acceptance, DraftTree, build_tree, observe, walker
+from jetflow.stepcore.modes import check_graphs, resolve_graphs, target_key, verdict_choice
+from jetflow.tree import MAX_BUDGET, DraftTree, build_tree, observe, walk, walker
 
 
 STATIC_MAX_TREE = 512  # tree nodes per round of a graphs=compile engine: its static KV reserves this past max_len
@@ -67,16 +68,11 @@ class EngineConfig:
     cost_curve: object = None            # auto: the StepCostCurve of this device (jetflow.engine.cost)
     budget_table: dict | None = None     # auto: {concurrency: budget}, the budget sweep's best per level
     tau_prior: dict | None = None        # auto: {budget: τ} measured for the head, the starting estimates
-    graphs: str = "auto"                 # off: the eager reference; compile: the step core, compiled per bucket
+    graphs: str = "auto"                 # off: the eager reference; compile: the step core's compiled graphs
                                          # (jetflow.stepcore); auto: compile where this host's measurement says
     graphs_backend: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_BACKEND", "inductor"))
                                          # torch.compile backend of graphs=compile (tests, debugging: eager,
                                          # aot_eager: dynamo's whole capture, no code generation)
-    graphs_unit: str = field(default_factory=lambda: os.environ.get("JETFLOW_GRAPHS_UNIT", "step"))
-                                         # what one compiled graph holds: step (the whole verify step) or
-                                         # layer (one decoder layer, shared by all: a fraction of the compile time)
-    graphs_accept: str | None = None     # greedy acceptance: device (in the graph) or walk (the engine's lazy
-                                         # LM-head walk); default: $JETFLOW_GRAPHS_ACCEPT, else walk on a CPU
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_tokens"):
@@ -115,33 +111,14 @@ class Engine:
         self.device, self.dtype = target.device, target.dtype
         self.stop_ids = stop_token_ids(target)
         self.max_len = min(self.cfg.max_model_len or target.max_positions, target.max_positions)
-        tc = target.config
-        kv_heads = getattr(tc, "num_key_value_heads", tc.num_attention_heads)
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-        slots = self.cfg.max_slots
-        extra = head.config.block_size if head is not None else 1
-        self.graphs, self.graphs_reason = resolve_graphs(self.cfg.graphs, target_key(target))
-        static = self.graphs == "compile"
-        store = StaticSlotKV if static else SlotKV  # the step core's: reserved once, fixed addresses
-        self.max_tree = STATIC_MAX_TREE if static else MAX_BUDGET  # tree nodes a row may verify past its length
-        self.kv = store(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device,
-                        self.max_len + self.max_tree)
-        self.cache = TargetKV(self.kv)
-        self.layer_ids: tuple[int, ...] = ()
+        self.layer_ids: tuple[int, ...] = tuple(head.config.target_layer_ids) if head is not None else ()
         if head is not None:
-            hc = head.config
-            self.head_kv = store(hc.num_hidden_layers, slots, hc.num_key_value_heads, hc.head_dim, self.dtype,
-                                 self.device, self.max_len + extra)
-            self.last_ctx = torch.zeros((slots, hc.hidden_size), dtype=self.dtype, device=self.device)
-            self.layer_ids = tuple(hc.target_layer_ids)
-            self.mask_id = hc.mask_token_id
-        self.runner = None
-        if static:
-            from jetflow.stepcore.runner import StepRunner
-
-            self.runner = StepRunner(target, head, self.layer_ids, max_rows=slots, compiled=True,
-                                     backend=self.cfg.graphs_backend, unit=self.cfg.graphs_unit,
-                                     accept=self.cfg.graphs_accept)
+            self.last_ctx = torch.zeros((self.cfg.max_slots, head.config.hidden_size), dtype=self.dtype,
+                                        device=self.device)
+            self.mask_id = head.config.mask_token_id
+        self.graphs, self.graphs_reason = resolve_graphs(self.cfg.graphs, target_key(target, self.cfg.max_slots),
+                                                         self.device.type)
+        self._build_steps(static=self.graphs in ("compile", "calibrate"))
         self.running: list[Seq] = []
         self.prefilling: list[Seq] = []
         self.waiting: deque[Request] = deque()
@@ -151,9 +128,39 @@ class Engine:
         self.policy = policy or make_policy(self.cfg.policy, self)
         self.times = StepTimes()
         self.steps = 0
+        self.budget_steps: Counter[int] = Counter()  # decode steps by the step's largest tree budget (1: plain)
         self._decode_ms = 0.0                 # wall time of the last decode phase
-        self._step_compile_s = 0.0            # seconds the last decode phase spent compiling buckets
+        self._step_compile_s = 0.0            # seconds the last decode phase spent compiling graphs
         self._walked: list[dict] = []         # the last step's acceptance-walk logits per row (_path_logprobs)
+        if self.graphs == "calibrate":  # graphs=auto, no verdict on this host yet: measure now, keep what pays
+            from jetflow.engine.calibrate import calibrate_engine
+
+            self.graphs, self.graphs_reason = verdict_choice(calibrate_engine(self))
+            if self.graphs == "off":
+                self._build_steps(static=False)
+
+    def _build_steps(self, static: bool) -> None:
+        """The slot KV and, for the step core (`static`), its runner: `StaticSlotKV` reserved once, fixed addresses,
+        trees of at most STATIC_MAX_TREE nodes a round; else the eager reference's growing `SlotKV`."""
+        target, head, slots = self.target, self.head, self.cfg.max_slots
+        tc = target.config
+        kv_heads = getattr(tc, "num_key_value_heads", tc.num_attention_heads)
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        store = StaticSlotKV if static else SlotKV
+        self.max_tree = STATIC_MAX_TREE if static else MAX_BUDGET  # tree nodes a row may verify past its length
+        self.kv = store(target.num_layers, slots, kv_heads, head_dim, self.dtype, self.device,
+                        self.max_len + self.max_tree)
+        self.cache = TargetKV(self.kv)
+        if head is not None:
+            hc = head.config
+            self.head_kv = store(hc.num_hidden_layers, slots, hc.num_key_value_heads, hc.head_dim, self.dtype,
+                                 self.device, self.max_len + hc.block_size)
+        self.runner = None
+        if static:
+            from jetflow.stepcore.runner import StepRunner
+
+            self.runner = StepRunner(target, head, self.layer_ids, max_rows=slots, compiled=True,
+                                     backend=self.cfg.graphs_backend)
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt_ids: Sequence[int], config: DecodeConfig | None = None, request_id: str | None = None,
@@ -198,12 +205,12 @@ class Engine:
 
     @property
     def compile_s(self) -> float:
-        """Seconds spent compiling step buckets so far (0 for the eager reference)."""
+        """Seconds spent compiling step graphs so far (0 for the eager reference)."""
         return self.runner.compile_s if self.runner is not None else 0.0
 
     @property
     def compile_log(self) -> dict[str, float]:
-        """Compiled step buckets so far → their compile seconds ({} for the eager reference)."""
+        """Compiled step graphs so far → their compile seconds ({} for the eager reference)."""
         return dict(self.runner.compile_log) if self.runner is not None else {}
 
     def generate(self, prompts: Sequence[Sequence[int]], configs: DecodeConfig | Sequence[DecodeConfig],
@@ -234,39 +241,31 @@ class Engine:
             self.head.warm_lm_head(self.target, slots * self.head.config.block_size)
 
     @torch.inference_mode()
-    def warm_graphs(self, max_context: int | None = None, nodes: Sequence[int] = (1,), width: int = 0,
-                    rows: Sequence[int] | None = None) -> float:
-        """Compile, now, the buckets this engine's steps will run in (graphs=compile; a no-op otherwise): `rows`
-        (default: every power of two up to max_slots) × tree sizes `nodes` (1 = plain steps; a smaller tree pads
-        up to the next compiled size) × every key window up to `max_context` positions per request (default: the
-        engine's), and the draft's rows × windows with top-`width` (0: no draft). A Serve replica calls this before
-        it takes traffic. → seconds spent compiling."""
+    def warm_graphs(self, width: int = 0) -> float:
+        """Compile, now, the graphs this engine's steps run (graphs=compile; a no-op otherwise): the verify and
+        LM-head graphs, and with `width` > 0 the draft's graph for top-`width`. One graph each serves every row
+        count, tree size and key window (`jetflow.stepcore.runner`). Call it while the engine is idle (it drafts
+        and verifies padding in slot 0); a Serve replica calls it before it takes traffic. → seconds spent."""
         if self.runner is None:
             return 0.0
-        from jetflow.stepcore.buckets import KEY_STEP, key_window, row_bucket
-
+        if self.has_work():
+            raise RuntimeError("warm_graphs runs padding steps in slot 0: call it while the engine is idle")
         before = self.runner.compile_s
-        rows = sorted({row_bucket(r, self.cfg.max_slots) for r in (rows or range(1, self.cfg.max_slots + 1))})
-        windows, top = [KEY_STEP], key_window(min(max_context or self.max_len, self.max_len) + max(nodes))
-        while windows[-1] < top:
-            windows.append(windows[-1] * 2)
-        for window in windows:
-            for r in rows:
-                for n in nodes:
-                    self.runner.warm_verify(r, n, window, self.kv)
-                if self.head is not None and width:
-                    self.runner.warm_draft(r, window, width, self.head_kv, self.last_ctx)
-        return self.runner.compile_s - before
+        self.runner.warm_verify(self.kv)
+        if self.head is not None and width:
+            self.runner.warm_draft(width, self.head_kv, self.last_ctx)
+            self.head_kv.release()
+        self.kv.release()
+        seconds = self.runner.compile_s - before
+        if seconds:
+            self.runner.publish()  # for other nodes of a cluster (a no-op without cluster storage)
+        return seconds
 
-    def warm_decoding(self, max_context: int, config: DecodeConfig, plain_steps: bool = True) -> float:
-        """`warm_graphs` for requests of `config` of up to `max_context` tokens: its tree's bucket (chains capped
-        at the head's block) and the draft's, and with `plain_steps` the one-node bucket too (a load-aware policy
-        falls back to plain steps; under policy fixed a speculative request never meets it) → seconds spent."""
+    def warm_decoding(self, config: DecodeConfig) -> float:
+        """`warm_graphs` for requests of `config`: the draft graph of its tree's width when it speculates →
+        seconds spent."""
         spec = self.head is not None and not config.tree.plain
-        if not spec:
-            return self.warm_graphs(max_context, [1])
-        tree = config.tree.capped(self.head.config.block_size)
-        return self.warm_graphs(max_context, [1, tree.budget] if plain_steps else [tree.budget], tree.width)
+        return self.warm_graphs(config.tree.width if spec else 0)
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
@@ -374,10 +373,11 @@ class Engine:
         """Feed the next chunk of admitted prompts: FIFO rows while rows x widest chunk <= prefill_tokens."""
         self._promote_prefilled()  # a one-token prompt has nothing to feed
         lo = len(self.running)
-        chunk, budget = self._prefill_sizes()
+        chunk, budget, long_chunk = self.cfg.prefill_chunk, self.cfg.prefill_tokens, self._long_prompt_chunk()
         rows, widths = [], []
         for seq in self.prefilling:
-            n = min(seq.prefill_target - seq.prefilled, chunk)
+            left = seq.prefill_target - seq.prefilled
+            n = min(left, long_chunk if left > budget else chunk)
             width = max(widths + [n])
             if rows and width * (len(rows) + 1) > budget:
                 break
@@ -413,21 +413,23 @@ class Engine:
             seq.prefilled += n
         self._promote_prefilled()
 
-    def _prefill_sizes(self) -> tuple[int, int]:
-        """(prompt tokens per request, per step) this step. Prompts of at most `prefill_tokens` go in full
-        chunks (an extra forward for a step or two per request: feeding them in small chunks would add a
-        forward to many steps). While requests run and a longer prompt is being admitted, a step's chunk is
-        sized so that its forward costs at most what the last decode step took (the cost curve's one-row time
-        of n tokens): a running stream's gap between tokens at most doubles while a long prompt is admitted."""
-        curve = self.cfg.cost_curve
+    def _long_prompt_chunk(self) -> int:
+        """Prompt tokens fed this step to a request whose prompt left exceeds `prefill_tokens`. Prompts of at most
+        `prefill_tokens` go in full chunks of `prefill_chunk` (an extra forward for a step or two per request:
+        feeding them in small chunks would add a forward to many steps). While requests run, a longer prompt is
+        fed in chunks sized so that a chunk's forward costs at most what the last decode step took (the cost
+        curve's one-row time of n tokens): a running stream's gap between tokens at most doubles while a long
+        prompt is admitted. Only the long prompt is held to that chunk: the short prompts admitted beside it go in
+        full, as they would without it (the step's budget held every prompt to the long one's chunk before, and
+        under a steady stream of requests — some long — admission crawled: 8 clients through Serve got half a
+        plain replica's tokens/s, BENCHMARKS.md)."""
+        chunk, curve = self.cfg.prefill_chunk, self.cfg.cost_curve
         if not self.running or curve is None or not self._decode_ms:
-            return self.cfg.prefill_chunk, self.cfg.prefill_tokens
-        if max(s.prefill_target - s.prefilled for s in self.prefilling) <= self.cfg.prefill_tokens:
-            return self.cfg.prefill_chunk, self.cfg.prefill_tokens
+            return chunk
         n = 8
-        while n * 2 <= self.cfg.prefill_chunk and curve.step_ms(1, n * 2) <= self._decode_ms:
+        while n * 2 <= chunk and curve.step_ms(1, n * 2) <= self._decode_ms:
             n *= 2
-        return n, n
+        return n
 
     def _promote_prefilled(self) -> None:
         while (j := next((j for j, s in enumerate(self.prefilling) if s.prefill_done), None)) is not None:
@@ -444,6 +446,7 @@ class Engine:
         compiled_before = self.compile_s
         t0 = time.perf_counter()
         trees = self.policy.choose(rows)
+        self.budget_steps[max(t.budget for t in trees)] += 1
         drafts = [DraftTree.root_only(s.anchor) for s in rows]
         spec = [i for i, t in enumerate(trees) if self.head is not None and not t.plain]
         if spec:
@@ -489,7 +492,7 @@ class Engine:
 
     def _core_draft(self, width: int) -> tuple[list, list]:
         """The step core's draft for every running row (rows the policy keeps plain are drafted too, and
-        ignored: one static bucket instead of a gather) → per row the top-`width` rows of depths 1..D."""
+        ignored: contiguous rows instead of a gather) → per row the top-`width` rows of depths 1..D."""
         rows = self.running
         pasts = [s.past for s in rows]
         self.head_kv.reserve(max(pasts) + self.head.config.block_size)
@@ -517,20 +520,20 @@ class Engine:
         past = torch.tensor([s.past for s in rows], device=dev)
         cols = torch.arange(block, device=dev)
         positions = past[:, None] + cols
-        width = max(s.past for s in rows) + block
-        self.head_kv.reserve(width)
+        window = max(s.past for s in rows) + block  # the keys attended: context + block
+        self.head_kv.reserve(window)
         contiguous = idx == list(range(idx[0], idx[0] + b))
         if contiguous:  # views: the block's keys/values are written into the slots' scratch positions
-            kv = [self.head_kv.rows(layer, idx[0], idx[0] + b, width) for layer in range(self.head_kv.num_layers)]
+            kv = [self.head_kv.rows(layer, idx[0], idx[0] + b, window) for layer in range(self.head_kv.num_layers)]
             shortcut = self.last_ctx[idx[0]: idx[0] + b]
         else:  # copies (a row drafted twice writes its block into each copy, never into the slot)
             sel = torch.tensor(idx, device=dev)
             kv = [(k.index_select(0, sel), v.index_select(0, sel))
-                  for k, v in (self.head_kv.rows(layer, 0, self.cfg.max_slots, width)
+                  for k, v in (self.head_kv.rows(layer, 0, self.cfg.max_slots, window)
                                for layer in range(self.head_kv.num_layers))]
             shortcut = self.last_ctx.index_select(0, sel)
         shortcut = shortcut * (past >= 1)[:, None].to(shortcut.dtype)  # a one-token prompt has no context yet
-        keys = torch.arange(width, device=dev)
+        keys = torch.arange(window, device=dev)
         offset = keys[None, None, :] - past[:, None, None]                                # (b, 1, L)
         inner = offset <= cols[None, :, None] if head.config.causal else offset < block
         visible = (keys[None, None, :] < past[:, None, None]) | ((offset >= 0) & inner)
@@ -573,17 +576,22 @@ class Engine:
         return self.target.forward_rows(torch.from_numpy(ids).to(dev), positions,
                                         self.cache.plan(0, b, write, width), self._additive(visible), self.layer_ids)
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, H) final-normed hidden → (M, V) logits: the step core's LM-head graph, or the target's own."""
+        return self.runner.logits(hidden)[0] if self.runner is not None else self.target.logits(hidden)
+
     def _accept(self, rows: list[Seq], drafts: list[DraftTree], out) -> list:
         """Every row's acceptance walk, side by side: each round of LM-head work computes, in one GEMM, the
-        logits of every node some walk waits for (plus its likeliest continuation, `lookahead` long). With the
-        step core, greedy rows were accepted on the device: their (deepest node, bonus) comes over in one copy."""
+        logits of every node some walk waits for (plus its likeliest continuation, `lookahead` long). Where the
+        step core brought every node's argmax with a small step (`out.best`), greedy rows walk those, in one copy."""
         hidden = out.hidden
         walks = [walker(d) for d in drafts]
         accs: list = [None] * len(rows)
-        if self.runner is not None and out.accept is not None:
-            for r, (deepest, bonus) in enumerate(out.accept[: len(rows)].tolist()):
+        if self.runner is not None and out.best is not None:  # every node's argmax came with the step
+            best = out.best.tolist()
+            for r in range(len(rows)):
                 if rows[r].cfg.greedy:
-                    accs[r] = Acceptance(path=drafts[r].path_to(deepest), bonus=bonus)
+                    accs[r] = walk(drafts[r], best[r].__getitem__)
         need = [next(w) for w in walks]
         known: list[dict[int, tuple[torch.Tensor, int]]] = [{} for _ in rows]
         spine = []
@@ -606,7 +614,7 @@ class Engine:
                 want_n += chain
             if want_r:
                 dev = hidden.device
-                logits = self.target.logits(hidden[torch.tensor(want_r, device=dev), torch.tensor(want_n, device=dev)])
+                logits = self._logits(hidden[torch.tensor(want_r, device=dev), torch.tensor(want_n, device=dev)])
                 best = logits.argmax(-1).tolist()
                 for k, (r, n) in enumerate(zip(want_r, want_n)):
                     known[r][n] = (logits[k], best[k])
@@ -687,7 +695,7 @@ class Engine:
         want = [(i, s, n) for i, (s, n) in enumerate(zip(rows, widths)) if s.prompt_logprobs is not None]
         if not want:
             return
-        logits = self.target.logits(torch.cat([hidden[i, :n] for i, _, n in want]))
+        logits = self._logits(torch.cat([hidden[i, :n] for i, _, n in want]))
         tokens, ks = [], []
         for _, seq, n in want:
             tokens += seq.request.prompt_ids[seq.prefilled + 1: seq.prefilled + n + 1]
@@ -710,7 +718,7 @@ class Engine:
         computed = {}
         if missing:
             dev = hidden.device
-            logits = self.target.logits(hidden[torch.tensor([r for r, _ in missing], device=dev),
+            logits = self._logits(hidden[torch.tensor([r for r, _ in missing], device=dev),
                                                torch.tensor([n for _, n in missing], device=dev)])
             computed = {key: logits[k] for k, key in enumerate(missing)}
         stacked, tokens, ks = [], [], []

@@ -126,9 +126,9 @@ class SlotKV:
 
 class StaticSlotKV(SlotKV):
     """Slot KV reserved once for the engine's life (the compiled step core's), so every buffer keeps its address
-    across all steps and buckets and the compiled shapes depend on the buckets only.
+    across all steps, as the compiled graphs' writes into it expect.
 
-    Capacity: the key window of `max_len` (`jetflow.stepcore.buckets.key_window`), plus one scratch position
+    Capacity: `max_len` rounded up to 256 positions (`jetflow.stepcore.buckets.key_window`), plus one scratch position
     (index `capacity`) where padding rows and nodes write and no row reads. On a CPU the buffers are anonymous
     memory maps: the kernel hands out zero pages as positions are first written, so the resident size follows
     the tokens actually held, not the reservation (a read of a never-written position maps the shared zero page;

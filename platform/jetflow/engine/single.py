@@ -27,22 +27,27 @@ class SingleStream:
         return self.engine.graphs
 
     @property
+    def graphs_reason(self) -> str:
+        """Why the engine runs its steps as it does (`jetflow.stepcore.modes.resolve_graphs`)."""
+        return self.engine.graphs_reason
+
+    @property
     def compile_s(self) -> float:
-        """Seconds spent compiling step buckets so far."""
+        """Seconds spent compiling step graphs so far."""
         return self.engine.compile_s
 
     @property
     def compile_log(self) -> dict[str, float]:
-        """Compiled step buckets so far → their compile seconds."""
+        """Compiled step graphs so far → their compile seconds."""
         return self.engine.compile_log
 
     def encode(self, prompt: str | Sequence[dict] | Sequence[int], raw: bool = False) -> list[int]:
         return prompt_ids(self.target.tokenizer, prompt, raw)
 
     def warm(self, prompt_len: int, config: DecodeConfig) -> float:
-        """Compile the buckets a generation of `config` from a `prompt_len`-token prompt meets, now (timings that
+        """Compile the graphs a generation of `config` runs, now (timings that
         follow exclude compiling) → seconds spent."""
-        return self.engine.warm_decoding(prompt_len + config.max_new_tokens, config, plain_steps=False)
+        return self.engine.warm_decoding(config)
 
     def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: DecodeConfig | None = None,
                  raw: bool = False, task: str | None = None) -> Generation:

@@ -12,14 +12,15 @@ from jetflow.decode import DecodeConfig, Generation
 
 
 def decode_all(target, head, prompts: Sequence[Sequence[int]], configs: Sequence[DecodeConfig],
-               slots: int, task: str | None = None) -> list[Generation]:
+               slots: int, task: str | None = None, graphs: str = "off") -> list[Generation]:
     """Every prompt through one engine, `slots` at a time (each request's own config); in prompt order.
-    `task`: the prompts' label (their set's name) for the prompt-adaptive tree algorithms."""
+    `task`: the prompts' label (their set's name) for the prompt-adaptive tree algorithms. `graphs`: how the
+    engine runs its steps — τ and losslessness do not depend on it (nothing here is timed), the pass's time does;
+    the engines of one process share their compiled graphs."""
     from jetflow.engine import Engine, EngineConfig
 
-    # the reference path: τ and losslessness do not depend on how the step runs, and nothing here is timed
-    return Engine(target, head, EngineConfig(max_slots=slots, graphs="off")).generate(prompts, configs,
-                                                                                       [task] * len(prompts))
+    return Engine(target, head, EngineConfig(max_slots=slots, graphs=graphs)).generate(prompts, configs,
+                                                                                        [task] * len(prompts))
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,11 @@ def throughput(target, head, prompts: Sequence[Sequence[int]], cfg: DecodeConfig
     """A closed loop of `concurrency` clients: that many requests in the engine at all times (the prompts,
     cycled), until max(concurrency, len(prompts)) requests are done. Tokens per second of the whole run,
     prefill included — what a replica serving that many clients delivers. One short warm-up request first
-    (graphs=compile: every bucket the loop can meet is compiled before the clock starts)."""
+    (graphs=compile: the step's graphs are compiled before the clock starts)."""
     from jetflow.engine import Engine, EngineConfig
 
     engine = Engine(target, head, EngineConfig(max_slots=concurrency, policy=policy, graphs=graphs))
-    engine.warm_decoding(max(map(len, prompts)) + cfg.max_new_tokens, cfg)
+    engine.warm_decoding(cfg)
     engine.generate([prompts[0]], DecodeConfig(tree=cfg.tree, max_new_tokens=2))
     total = max(concurrency, len(prompts))
     queue = [prompts[i % len(prompts)] for i in range(total)]

@@ -145,7 +145,7 @@ class _Runner:
         return self.ar if s.head is None else self.spec[s.head]
 
     def warm(self, s: Setting, prompt_len: int) -> None:
-        """graphs=compile: compile the buckets `s` meets on prompts of up to `prompt_len` tokens, untimed."""
+        """graphs=compile: compile the graphs `s` runs, untimed."""
         if s.method not in HF_METHODS:
             self._decoder(s).warm(prompt_len, DecodeConfig(tree=s.tree or TreeSpec(budget=1),
                                                            max_new_tokens=self.cfg.max_new_tokens))
@@ -153,6 +153,13 @@ class _Runner:
     @property
     def compile_s(self) -> float:
         return sum(d.compile_s for d in [self.ar, *self.spec])
+
+    @property
+    def graphs(self) -> tuple[str, str]:
+        """(how the timed decodes ran — compile, off or mixed —, why): `graphs=auto` resolved on this host."""
+        modes = {d.graphs for d in [self.ar, *self.spec]}
+        mode = modes.pop() if len(modes) == 1 else "mixed"
+        return mode, "; ".join(sorted({d.graphs_reason for d in [self.ar, *self.spec]}))
 
     def __call__(self, s: Setting, ids: list[int], seed: int, max_new_tokens: int,
                  task: str | None = None) -> Generation | HFRun:
@@ -211,7 +218,7 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
         # growth, HF generation setup) that would otherwise land on whichever setting runs first.
         first = next(p for ps in prompts.values() for p in ps)
         longest = max(len(p) for ps in timed_prompts.values() for p in ps)
-        for s in settings:  # graphs=compile: every bucket the timed pass meets, compiled before the clock starts
+        for s in settings:  # graphs=compile: the graphs the timed pass runs, compiled before the clock starts
             run.warm(s, longest)
         for s in {(s.method, s.head): s for s in reversed(settings)}.values():
             run(s, first, cfg.seed, min(4, cfg.max_new_tokens))
@@ -272,6 +279,7 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
     if lossless_all:
         report["metrics"]["lossless"] = float(all(lossless_all))
     report["metrics"]["compile_s"] = run.compile_s  # graphs=compile: seconds compiling before the timed pass
+    report["params"]["graphs_resolved"], report["params"]["graphs_reason"] = run.graphs  # what the decodes ran
     if cfg.vllm:
         _add_vllm_rows(report, target, {ds: ps[: max(1, cfg.timed_prompts)] for ds, ps in prompts.items()}, cfg)
     return report
@@ -279,12 +287,13 @@ def evaluate(target, heads: Sequence[LoadedHead] = (), cfg: EvalConfig | None = 
 
 def _add_vllm_rows(report: dict, target, prompts: dict, cfg: EvalConfig) -> None:
     """vLLM's AR (and DFlash chain) rows beside ours (`jetflow.vllm.baseline`): vLLM times generate() whole,
-    so its tokens/s compare among its own rows."""
+    so its tokens/s compare among its own rows. Same target folder, same precision as ours (fp32 on a CPU)."""
     from jetflow.decode import stop_token_ids
     from jetflow.vllm.baseline import vllm_rows
+    from jetflow.vllm.engine import vllm_dtype
 
     rows = vllm_rows(target.model_id, prompts, sorted(stop_token_ids(target)), cfg.max_new_tokens,
-                     exported_head=cfg.vllm_head or None)
+                     exported_head=cfg.vllm_head or None, dtype=vllm_dtype(target.dtype))
     for row in rows:
         report["rows"].append(row)
         for name in ("tau", "tokens_per_s", "speedup_vs_vllm_ar"):
@@ -321,11 +330,11 @@ def _batched_pass(target, heads, settings, prompts, cfg: EvalConfig, progress: b
                     known = _GREEDY_AR.setdefault(target, {})
                     if key not in known:
                         known[key] = decode_all(target, None, ids_list, _configs(s, len(ids_list), cfg),
-                                                cfg.batch_size, task=ds)
+                                                cfg.batch_size, task=ds, graphs=cfg.graphs)
                     batched[(ds, s)] = known[key]
                 else:
                     batched[(ds, s)] = decode_all(target, head, ids_list, _configs(s, len(ids_list), cfg),
-                                                  cfg.batch_size, task=ds)
+                                                  cfg.batch_size, task=ds, graphs=cfg.graphs)
                 if cfg.concurrency and s.temperature == 0:
                     thru[(ds, s)] = {c: throughput(target, head, ids_list, _configs(s, 1, cfg)[0], c,
                                                    graphs=cfg.graphs) for c in cfg.concurrency}

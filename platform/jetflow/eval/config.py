@@ -46,13 +46,14 @@ class EvalConfig:
     seed: int = 0                            # sampling seed (prompt i uses seed + i) and random-head init
     cost_model: bool = True                  # measure t(N) here and predict each row's speedup
     context_tokens: int = 200                # cached tokens behind the timed verify forwards
-    vllm: bool = False                       # also vLLM's own AR rows on the timed prompts (GPU + the [vllm]
-                                             # extra), and its DFlash chain with vllm_head
+    vllm: bool = False                       # also vLLM's own AR rows on the timed prompts (needs vLLM: `make
+                                             # setup-vllm` on a CPU, the [vllm] extra on a GPU), and its DFlash
+                                             # chain with vllm_head
     vllm_head: str = ""                      # a head exported by `jetflow export --to vllm` for the DFlash row
     curve_repeats: int = 5                   # timed repetitions per tree size (median)
     graphs: str = "auto"                     # how the timed decodes run (timed pass, concurrency loops): off (the
-                                             # eager reference), compile (the step core, compiled per bucket before
-                                             # timing), auto (compile where `jetflow graphs --measure` says it pays)
+                                             # eager reference), compile (the step core, compiled before timing),
+                                             # auto (compile where this host's verdict says it pays)
 
     def __post_init__(self) -> None:
         from jetflow.data.prompts import PROMPT_SETS

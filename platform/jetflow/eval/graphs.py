@@ -2,7 +2,7 @@
 prompts, side by side (`jetflow graphs --measure`, `benchmarks/compiled.py`).
 
 Both modes decode every prompt in one process, the order of the modes alternating prompt by prompt (so a host
-that speeds up or slows down over the run weighs on both alike), after the compiled mode's buckets were
+that speeds up or slows down over the run weighs on both alike), after the compiled mode's graphs were
 compiled (timed apart). Decode tokens/s (prefill excluded) per mode and setting; the verdict's `ratio` is the
 smallest compiled/eager ratio over the settings measured — `auto` compiles only where it pays everywhere.
 """
@@ -27,8 +27,7 @@ def measure(target, prompts: Sequence[Sequence[int]], head=None, tree: TreeSpec 
     if head is not None and tree is not None and not tree.plain:
         settings[tree.key] = DecodeConfig(tree=tree, max_new_tokens=new_tokens)
     eager, compiled = decoder_for(target, head, "off"), decoder_for(target, head, "compile")
-    longest = max(len(p) for p in prompts)
-    compile_s = sum(compiled.warm(longest, cfg) for cfg in settings.values())
+    compile_s = sum(compiled.warm(0, cfg) for cfg in settings.values())
     tally = {(label, mode): [0, 0.0] for label in settings for mode in ("off", "compile")}
     lossless = {label: True for label in settings}
     for k in range(passes):
@@ -47,8 +46,9 @@ def measure(target, prompts: Sequence[Sequence[int]], head=None, tree: TreeSpec 
         out[label] = {"eager_tok_s": round(rate["off"], 3), "compiled_tok_s": round(rate["compile"], 3),
                       "ratio": round(rate["compile"] / rate["off"], 4), "lossless": lossless[label]}
     return {"settings": out, "compile_s": round(compile_s, 2), "buckets": compiled.compile_log,
-            "ratio": min(s["ratio"] for s in out.values()), "prompts": len(prompts), "new_tokens": new_tokens,
-            "passes": passes, "date": str(date.today())}
+            "ratio": min(s["ratio"] for s in out.values()), "lossless": all(s["lossless"] for s in out.values()),
+            "prompts": len(prompts), "new_tokens": new_tokens, "passes": passes, "date": str(date.today()),
+            "by": "measure"}
 
 
 def measure_and_record(target, prompts: Sequence[Sequence[int]], head=None, tree: TreeSpec | None = None,

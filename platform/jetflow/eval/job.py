@@ -40,7 +40,7 @@ def run_evaluation_job(job: EvaluateJob) -> int:
     from jetflow.target.placement import placement
 
     cfg = job.eval
-    if cfg.vllm:  # GPU only: say so before loading anything
+    if cfg.vllm:  # vLLM installed (.venv-vllm on a CPU, the [vllm] extra on a GPU): say so before loading anything
         from jetflow.vllm import require_vllm
 
         require_vllm("the vLLM rows of an evaluation (--vllm)")

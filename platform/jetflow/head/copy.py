@@ -1,7 +1,7 @@
 """Copy inputs: what the context says comes next, fed to the head as block inputs (head option `copy_ngram`).
 
 A one-layer head drafts depth 1 well but cannot follow a copy further: nothing tells the MASK query at
-depth k where the anchor's token stood k-1 places back (BENCHMARKS.md, "Where HumanEval τ is lost").
+depth k where the anchor's token stood k-1 places back (benchmarks/HISTORY.md, "Where HumanEval τ is lost").
 So we find it for the head, prompt-lookup style: the longest suffix of the committed tokens (at most
 `max_ngram` long) that occurred earlier, most recent occurrence first; the tokens that followed that
 occurrence are the copy candidates for depths 1..D. The head sees each candidate's embedding (and how long

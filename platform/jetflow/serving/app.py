@@ -8,7 +8,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions (both with SSE streaming
 GET /healthz. Every error is an OpenAI error body: 400 for a bad request (malformed JSON, schema,
 ranges, prompt too long, max_tokens over the cap), 401 for a missing or wrong API key (when the app has
 one; /healthz needs none), 404 for an unknown model or route, never a 500 for anything a client can send.
-With no explicit head a replica follows the registry's alias (`jetflow.serving.champion`).
+With no explicit head a replica follows the registry's alias (`jetflow.serving.champion`). `backend: vllm`
+puts vLLM's engine behind the same routes (`jetflow.serving.vllm_backend`, which says why not ray.serve.llm).
 """
 
 # No `from __future__ import annotations` here: Ray Serve reads `build_app`'s parameter annotation
@@ -31,7 +32,7 @@ from ray.serve import Application
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jetflow.engine import RequestTimeoutError
-from jetflow.errors import JetFlowError, PromptTooLongError, UnknownModelError
+from jetflow.errors import ExportUnsupportedError, JetFlowError, PromptTooLongError, UnknownModelError
 from jetflow.serving import choices
 from jetflow.serving.auth import BearerAuth, key_from_env, set_replica_key
 from jetflow.serving.config import ServeConfig
@@ -145,9 +146,8 @@ class JetFlowServer:
 
         from jetflow.serving.metrics import ServingMetrics
         from jetflow.serving.selection import check_registry_reachable, choose_head
-        from jetflow.target import TargetModel
-        from jetflow.target.placement import placement
 
+        started = time.perf_counter()
         cfg = ServeConfig.model_validate(config)
         set_replica_key(cfg.api_key)
         if cfg.tracking_uri:  # this replica's process reads the registry from there
@@ -155,31 +155,56 @@ class JetFlowServer:
         check_registry_reachable(cfg)  # before the weights load
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        device, dtype = placement(cfg.device or ("cuda" if cfg.replica_gpus > 0 else "cpu"), cfg.dtype)
-        target = TargetModel.load(cfg.model, device=device, dtype=dtype)
+        if cfg.backend == "vllm":  # vLLM loads the weights in its own processes: here the tokenizer and config
+            from jetflow.serving.vllm_backend import VllmEngines, VllmTarget
+
+            target, self.loop = VllmTarget.load(cfg.model), VllmEngines()
+        else:
+            from jetflow.target import TargetModel
+            from jetflow.target.placement import placement
+
+            device, dtype = placement(cfg.device or ("cuda" if cfg.replica_gpus > 0 else "cpu"), cfg.dtype)
+            target = TargetModel.load(cfg.model, device=device, dtype=dtype)
+            self.loop = EngineLoop(target.tokenizer)
+        loaded = time.perf_counter()
         choice = choose_head(cfg, target)
         self.cfg, self.target, self.metrics = cfg, target, ServingMetrics()
-        self.loop = EngineLoop(target.tokenizer)
-        self.engine = self._engine_for(choice)   # what a new request runs on; swapped when the alias moves
+        self.start_s = {"target": round(loaded - started, 1), "head": round(time.perf_counter() - loaded, 1)}
+        # what a new request runs on; swapped when the alias moves
+        self.engine = self._engine_for(choice, timings=self.start_s)
+        self.start_s["total"] = round(time.perf_counter() - started, 1)
         self.model_id = cfg.served_name or target.model_id
         self._process = psutil.Process()
         self._created = int(time.time())
         self._seq = itertools.count()
-        if choice.speculative:
-            log.info("serving %s (%s) with head %s, tree %s; %d torch threads", self.model_id, target.revision,
-                     choice.label, choice.tree.to_dict(), torch.get_num_threads())
+        log.info("replica ready in %.1f s: %s", self.start_s["total"],
+                 ", ".join(f"{k} {v} s" for k, v in self.start_s.items() if k != "total"))
+        if self.engine.choice.speculative:
+            log.info("serving %s (%s): %s; %d torch threads", self.model_id, target.revision, self.engine.describe(),
+                     torch.get_num_threads())
         else:
-            log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision, choice.note)
+            log.warning("serving %s (%s) WITHOUT speculation: %s", self.model_id, target.revision,
+                        self.engine.describe())
         self._follower = None
         if cfg.head is None and cfg.champion_poll_s > 0:
             from jetflow.serving.champion import ChampionFollower
 
             self._follower = ChampionFollower(cfg, target, choice.version, self._switch)
 
-    def _engine_for(self, choice) -> GenerationEngine:
+    def _engine_for(self, choice, measure=None, timings: dict | None = None) -> GenerationEngine:
         """A GenerationEngine serving `choice` on this replica's loop (its head moved to the target's device; the
-        auto policy's step cost curve: given, else measured once per machine and head shape)."""
+        auto policy's step cost curve: given, else measured once per machine and head shape — by `measure`, which
+        runs it where the caller wants it run). Its compiled graphs, if any, are compiled before it returns.
+        `timings` (given): the seconds of the curve and of the engine are written into it."""
         cfg, target = self.cfg, self.target
+        t0 = time.perf_counter()
+        if cfg.backend == "vllm":  # a new vLLM engine (its own processes) beside the running one
+            from jetflow.serving.vllm_backend import VllmEngine
+
+            engine = VllmEngine(target, choice, cfg, self.loop)
+            if timings is not None:
+                timings["engine"] = round(time.perf_counter() - t0, 1)
+            return engine
         if choice.head is not None:
             choice.head.to(device=target.device, dtype=target.dtype)
         curve = None
@@ -187,22 +212,35 @@ class JetFlowServer:
             from jetflow.engine.cost import StepCostCurve, cached_step_curve
             from jetflow.stepcore.modes import resolve_graphs, target_key
 
-            graphs = resolve_graphs(cfg.graphs, target_key(target))[0]  # the curve of the steps this replica runs
-            curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else
-                     cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget,
-                                       graphs=graphs))
-        return GenerationEngine(target, choice, cfg, self.loop, cost_curve=curve, budget_table=choice.budget_table,
-                                tau_prior=choice.tau_prior)
+            graphs = resolve_graphs(cfg.graphs, target_key(target, cfg.max_slots), target.device.type)[0]
+            graphs = "compile" if graphs == "calibrate" else graphs  # the curve of the steps this replica runs
+            curve = (StepCostCurve.load(cfg.cost_curve) if cfg.cost_curve else (measure or (lambda f: f()))(
+                lambda: cached_step_curve(target, choice.head, max_slots=cfg.max_slots, max_budget=choice.tree.budget,
+                                          graphs=graphs)))
+        t1 = time.perf_counter()
+        engine = GenerationEngine(target, choice, cfg, self.loop, cost_curve=curve, budget_table=choice.budget_table,
+                                  tau_prior=choice.tau_prior)
+        if timings is not None:  # seconds of this build (/healthz start_s): the step cost curve (measured once per
+            # machine, else read) and the engine (graphs=compile: its graphs, compiled or from inductor's caches)
+            timings.update(cost_curve=round(t1 - t0, 1), engine=round(time.perf_counter() - t1, 1))
+        return engine
 
     def _switch(self, choice) -> None:
-        """Serve `choice` from the next request on (called by the follower's thread). The new engine is built on
-        the engine thread between two steps, so running streams pause for that long and no target work runs
-        beside a step; the old engine keeps stepping its requests to their end, then is dropped."""
+        """Serve `choice` from the next request on (called by the follower's thread). The new engine is built here,
+        beside the running engine — its compiled graphs too: the target's are the process's already, a new head's
+        draft graph compiles now — so running streams keep flowing; a step cost curve this machine has not
+        measured yet is measured on the engine thread between two steps (timed alone, no target work beside it).
+        Then new requests go to the new engine; the old one keeps stepping its requests to their end, then is
+        dropped."""
         t0 = time.perf_counter()
-        new = self.loop.call(lambda: self._engine_for(choice)).result()
+        try:
+            new = self._engine_for(choice, measure=lambda fn: self.loop.call(fn).result())
+        except ExportUnsupportedError as exc:  # backend vllm, a head vLLM cannot run: the current one stays served
+            log.warning("not switching to %s: %s; still serving %s", choice.label, exc, self.engine.describe())
+            return
         old, self.engine = self.engine, new
         old.retire()
-        log.info("now serving %s: built in %.2f s on the engine thread; %d running requests finish on %s",
+        log.info("now serving %s: built in %.2f s beside the running engine; %d running requests finish on %s",
                  f"head {choice.label}, tree {choice.tree.to_dict()}" if choice.speculative else
                  f"plain decoding ({choice.note})", time.perf_counter() - t0, old.active + old.queued,
                  old.choice.label or "plain decoding")
@@ -219,18 +257,19 @@ class JetFlowServer:
     def healthz(self) -> JSONResponse:
         """Liveness plus what a load test wants to see: running and queued generations, resident memory."""
         ok, why = self.loop.healthy()
-        body = {"status": "ok" if ok else why, "model": self.model_id, "speculative": self.engine.choice.speculative,
+        body = {"status": "ok" if ok else why, "model": self.model_id, "backend": self.cfg.backend,
+                "runs": self.engine.describe(), "speculative": self.engine.choice.speculative,
                 "head_version": self.engine.choice.version, "engines": self.loop.engines,
                 "active": self.loop.active, "queued": self.loop.queued, "slots": self.cfg.max_slots,
                 "steps": self.loop.steps, "pid": os.getpid(), "rss_bytes": self._process.memory_info().rss,
-                **self.engine.graphs_info()}
+                "start_s": self.start_s, **self.engine.graphs_info()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @api.get("/v1/models")
     def models(self) -> ModelList:
         choice = self.engine.choice
         info = {"target": self.engine.target.model_id, "revision": self.engine.target.revision,
-                "speculative": choice.speculative, "head": choice.label, "head_version": choice.version,
+                "backend": self.cfg.backend, "runs": self.engine.describe(), "speculative": choice.speculative, "head": choice.label, "head_version": choice.version,
                 "follows": ({"alias": self.cfg.alias, "poll_s": self.cfg.champion_poll_s} if self._follower else None),
                 "tree": choice.tree.to_dict() if choice.speculative else None, "note": choice.note,
                 "max_prompt_tokens": self.cfg.max_prompt_tokens, "max_tokens": self.cfg.max_tokens}
@@ -492,6 +531,10 @@ def build_app(args: ServeConfig) -> Application:
     if cfg.tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": reachable_from_workers(cfg.tracking_uri)})
     check_head_exists(cfg)
+    if cfg.backend == "vllm":  # no vLLM here, or a head it cannot run: one line now, no replica started
+        from jetflow.serving.vllm_backend import check_vllm_backend
+
+        check_vllm_backend(cfg)
     return JetFlowServer.options(
         autoscaling_config=cfg.autoscaling_config(),
         max_ongoing_requests=cfg.max_ongoing_requests,

@@ -53,13 +53,19 @@ class ServeConfig(BaseModel):
     max_queued_requests: int = Field(16, ge=0, description="requests waiting for a slot per replica; more get 429")
     request_timeout_s: float | None = Field(600.0, gt=0, description="a request not finished by then gets 504 and "
                                                                      "leaves its slot (unset: no deadline)")
+    backend: Literal["jetflow", "vllm"] = Field(
+        "jetflow", description="what decodes: jetflow (JetFlow's batched engine with the head's tree) or vllm (vLLM's "
+                               "engine: plain AR, or its dflash method with the head exported, a chain of the head's "
+                               "block; needs vLLM in the Python that runs Serve, e.g. .venv-vllm after `make "
+                               "setup-vllm`). With vllm, policy, prefill_*, cost_curve and tree do not apply; graphs "
+                               "off = vLLM's eager mode, auto/compile = its default, compiled")
     policy: Literal["auto", "fixed", "plain"] = Field(
         "auto", description="speculation per step: auto (load-aware: plain or a budget up to the tree's, from the "
                             "measured step cost and the rows' acceptance), fixed (always the tree), plain")
     graphs: Literal["auto", "compile", "off"] = Field(
-        "auto", description="how engine steps run: off (the eager reference), compile (the step core, every bucket "
-                            "compiled before the replica takes traffic), auto (compile where this host's "
-                            "`jetflow graphs --measure` says it pays, else off)")
+        "auto", description="how engine steps run: off (the eager reference), compile (the step core, its graphs "
+                            "compiled before the replica takes traffic), auto (compile on a GPU; on a CPU where this "
+                            "host's verdict says it pays — measured by the first engine that meets none, then kept)")
     prefill_chunk: int = Field(128, ge=1, description="prompt tokens fed per request and engine step")
     prefill_tokens: int = Field(256, ge=1, description="prompt tokens fed per engine step over all new requests")
     cost_curve: str | None = Field(None, description="a step cost curve JSON (jetflow.engine.cost) for the auto "

@@ -112,7 +112,26 @@ class _Subscriber:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-class EngineLoop:
+class EngineCounts:
+    """What a replica's engines add up to (/healthz, admission): engines attached, requests running and waiting.
+    Subclasses keep the engines in `_engines`."""
+
+    _engines: list
+
+    @property
+    def engines(self) -> int:
+        return len(self._engines)
+
+    @property
+    def active(self) -> int:
+        return sum(e.active for e in list(self._engines))
+
+    @property
+    def queued(self) -> int:
+        return sum(e.queued for e in list(self._engines))
+
+
+class EngineLoop(EngineCounts):
     """Steps a replica's engines on one background thread while they have work; hands each request's events to
     its subscriber. Normally one engine; after a head change the new one takes new requests while the previous
     one, `retire`d, keeps stepping until its last request ends, then is dropped. Every target forward, and a new
@@ -154,18 +173,6 @@ class EngineLoop:
             self._calls.append((fn, future))
         self._wake.set()
         return future
-
-    @property
-    def engines(self) -> int:
-        return len(self._engines)
-
-    @property
-    def active(self) -> int:
-        return sum(e.active for e in list(self._engines))
-
-    @property
-    def queued(self) -> int:
-        return sum(e.queued for e in list(self._engines))
 
     def submit(self, engine: Engine, request_id: str, ids: list[int], cfg: DecodeConfig,
                deadline: float | None) -> _Subscriber:
@@ -270,40 +277,17 @@ class EngineLoop:
             sub.put(Event(text, sub.tokens, logprobs=event.logprobs, prompt_logprobs=event.prompt_logprobs))
 
 
-class GenerationEngine:
-    """A loaded target + head choice, serving generations batched across requests on `loop`'s thread. A replica
-    that changes head builds a second one (on that thread: `EngineLoop.call`) and retires the first."""
+class RequestShaping:
+    """What every backend's engine does with a request before and after decoding it: prompts to token ids, request
+    settings to a validated DecodeConfig, room checks, usage. Subclasses set `target`, `choice`, `cfg`, `backend`
+    and give `active` and `queued`."""
 
-    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig, loop: EngineLoop, cost_curve=None,
-                 budget_table=None, tau_prior=None):
-        self.target, self.choice, self.cfg = target, choice, cfg
-        policy = cfg.policy if choice.speculative else "plain"
-        engine_cfg = EngineConfig(max_slots=cfg.max_slots, max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
-                                  prefill_chunk=cfg.prefill_chunk, prefill_tokens=cfg.prefill_tokens, policy=policy,
-                                  cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior,
-                                  graphs=cfg.graphs)
-        self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
-        self.engine.warm_lm_head()  # before the first request: its timing is not paid under a request's deadline
-        if self.engine.runner is not None:  # graphs=compile: every bucket this replica's steps meet, compiled now
-            seconds = self.engine.warm_decoding(cfg.max_prompt_tokens + cfg.max_tokens, DecodeConfig(tree=choice.tree))
-            log.info("graphs=compile (%s): %d step buckets compiled in %.1f s, before taking traffic",
-                     self.engine.graphs_reason, len(self.engine.compile_log), seconds)
-        self.loop = loop
-        loop.attach(self.engine)
-
-    def graphs_info(self) -> dict:
-        """How this engine's steps run (/healthz): the resolved graphs mode, and with compile the buckets compiled
-        (all of them before the replica took traffic) and their seconds."""
-        return {"graphs": self.engine.graphs, "compiled_buckets": len(self.engine.compile_log),
-                "compile_s": round(self.engine.compile_s, 2)}
-
-    @property
-    def active(self) -> int:
-        return self.engine.active
-
-    @property
-    def queued(self) -> int:
-        return self.engine.queued
+    backend = "jetflow"
+    target: Any
+    choice: HeadChoice
+    cfg: ServeConfig
+    active: int
+    queued: int
 
     # ------------------------------------------------------------------ requests → engine inputs
     def encode(self, prompt: str | list[int] | list[dict], chat: bool) -> list[int]:
@@ -348,11 +332,10 @@ class GenerationEngine:
         if prompts > most:
             raise request_error(InvalidSettingError, f"{prompts} prompts in one request; this server takes at most "
                                 f"{most} at once: send smaller batches", "prompt")
-        free = max(0, self.cfg.max_slots - self.engine.active) + max(0, self.cfg.max_queued_requests
-                                                                    - self.engine.queued)
+        free = max(0, self.cfg.max_slots - self.active) + max(0, self.cfg.max_queued_requests - self.queued)
         if prompts > 1 and prompts > free:
             raise QueueFullError(f"this replica has room for {free} of the batch's {prompts} prompts now "
-                                 f"({self.engine.active} running, {self.engine.queued} waiting); retry later")
+                                 f"({self.active} running, {self.queued} waiting); retry later")
 
     @cached_property
     def token_text(self) -> TokenText:
@@ -367,11 +350,60 @@ class GenerationEngine:
         done = sum(len(g.token_ids) for g in gens) if completion_tokens is None else completion_tokens
         return Usage(prompt_tokens=s.prompt_tokens, completion_tokens=done,
                      total_tokens=s.prompt_tokens + done,
-                     jetflow=JetFlowUsage(speculative=self.choice.speculative, head=self.choice.label,
+                     jetflow=JetFlowUsage(backend=self.backend, speculative=self.choice.speculative,
+                                          head=self.choice.label,
                                           head_version=self.choice.version,
                                           tree=self.choice.tree.to_dict() if self.choice.speculative else None,
                                           tau=round(s.tau, 4), rounds=s.rounds,
                                           tokens_per_s=round(s.tokens_per_s, 3), note=self.choice.note))
+
+
+class GenerationEngine(RequestShaping):
+    """A loaded target + head choice, serving generations batched across requests on `loop`'s thread. A replica
+    that changes head builds a second one (on that thread: `EngineLoop.call`) and retires the first."""
+
+    def __init__(self, target, choice: HeadChoice, cfg: ServeConfig, loop: EngineLoop, cost_curve=None,
+                 budget_table=None, tau_prior=None):
+        self.target, self.choice, self.cfg = target, choice, cfg
+        policy = cfg.policy if choice.speculative else "plain"
+        engine_cfg = EngineConfig(max_slots=cfg.max_slots, max_model_len=cfg.max_prompt_tokens + cfg.max_tokens,
+                                  prefill_chunk=cfg.prefill_chunk, prefill_tokens=cfg.prefill_tokens, policy=policy,
+                                  cost_curve=cost_curve, budget_table=budget_table, tau_prior=tau_prior,
+                                  graphs=cfg.graphs)
+        self.engine = Engine(target, choice.head if choice.speculative else None, engine_cfg)
+        if self.engine.runner is None:  # the eager LM head's orientations, timed before the first request
+            self.engine.warm_lm_head()
+        if self.engine.runner is not None:  # graphs=compile: the step's graphs, compiled before taking traffic
+            seconds = self.engine.warm_decoding(DecodeConfig(tree=choice.tree if choice.speculative else TreeSpec(budget=1)))
+            log.info("graphs=compile (%s): %d step graphs compiled in %.1f s, before taking traffic",
+                     self.engine.graphs_reason, len(self.engine.compile_log), seconds)
+        self.loop = loop
+        loop.attach(self.engine)
+
+    def describe(self) -> str:
+        """What this engine runs, in words (/healthz `runs`, the replica's start line)."""
+        if self.choice.speculative:
+            return f"JetFlow's engine: head {self.choice.label}, tree {self.choice.tree.label()}, policy {self.cfg.policy}"
+        return f"JetFlow's engine: plain decoding ({self.choice.note or 'no head'})"
+
+    def graphs_info(self) -> dict:
+        """How this engine's steps run (/healthz): the resolved graphs mode and why, and with compile the graphs
+        compiled (all of them before the replica took traffic) and their seconds."""
+        runner = self.engine.runner
+        width = self.choice.tree.width if self.choice.speculative else 0
+        return {"graphs": self.engine.graphs, "graphs_reason": self.engine.graphs_reason,
+                "graphs_ready": runner is None or runner.ready(width),
+                "compiled_graphs": len(self.engine.compile_log), "compile_s": round(self.engine.compile_s, 2),
+                "policy": self.engine.cfg.policy, "budget_table": self.engine.cfg.budget_table,
+                "decode_steps_by_budget": {str(b): n for b, n in sorted(self.engine.budget_steps.items())}}
+
+    @property
+    def active(self) -> int:
+        return self.engine.active
+
+    @property
+    def queued(self) -> int:
+        return self.engine.queued
 
     # ------------------------------------------------------------------ generation
     async def events(self, request_id: str, ids: list[int], cfg: DecodeConfig) -> AsyncIterator[Event]:

@@ -168,6 +168,7 @@ class JetFlowUsage(BaseModel):
     """Speculative-decoding stats of one response. τ = tokens committed per target verify forward."""
 
     speculative: bool
+    backend: str = "jetflow"          # what decoded it: JetFlow's engine, or vLLM (ServeConfig.backend)
     head: str | None                  # "models:/NAME/VERSION", a head folder, "random", or None (plain)
     head_version: str | None = None   # the registry version that served this request ("3"); None if not registered
     tree: dict[str, Any] | None       # the TreeSpec served: {"algorithm", "budget", "width"[, "params"]}

@@ -1,56 +1,82 @@
-"""`HeadCore`: the draft head's cached forward for R rows, as one static-shape function → the top-W per depth.
+"""`DraftStep`: the draft head's block for R rows, over a flat token axis → the top-k per depth.
 
-The head's own modules run (`DraftHead.forward_cached`, its layers, norms and options: anchor shortcut, depth
-embedding, copy inputs); what changes from the engine's eager draft is only what could not be traced or would
-change shape: the block mask is built from the rows' `past` inside the function, the keys/values are the full
-slot buffers (rows [0, R), attended over the bucket's key window), the LM-head product is a plain `F.linear`
-over the draft vocabulary's rows (the eager path's `RowProjector` times orientations on the host), and the
-result is one (2, R, D, W) tensor — log-probs and token ids (exact in fp32 below 2^24) — so the tree builder's
-inputs come to the host in one copy.
+Each row drafts one block [anchor, MASK × D] at positions past..past+D; its tokens sit one after another, T = R·B
+(B = the head's block size ≥ 2, so T ≥ 2 always). The head's own modules run (its projections, norms, MLPs and
+input options: depth embedding, copy inputs, anchor shortcut — `DraftHead.block_inputs`); what differs from its
+cached forward (`DraftHead.forward_cached`, the eager reference) is only the layout: every per-token input is
+(T,), the block's keys/values are written into the head's slot KV at (row, position) and attention is
+`slot_attention` under the block mask built by the runner — so one compiled graph serves every row count and key
+window, as `jetflow.stepcore.target` explains. The LM-head product runs over the D drafted positions of every row
+(the draft vocabulary's rows of the target's head, or all of it), then log-softmax and the top-k: one (2, R·D, k)
+tensor — log-probs and target token ids (exact in fp32 below 2^24) — comes to the host in one copy.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from jetflow.stepcore.attention import slot_attention
+from jetflow.stepcore.target import write_kv
 
 
-class HeadCore:
-    def __init__(self, head, target):
-        self.head = head
-        weight = target.lm_head_weight.detach()
-        bias = target.lm_head_bias
-        if head.config.draft_vocab_size:
-            weight = weight[head.draft_vocab].contiguous()
-            bias = bias[head.draft_vocab] if bias is not None else None
-        self.weight, self.bias = weight, bias
-        self.embed = target.model.get_input_embeddings().weight
-        self.block = head.config.block_size
-        self.causal = head.config.causal
+class DraftStep(nn.Module):
+    def __init__(self, head, target, top: int):
+        super().__init__()
         if target.vocab_size >= 1 << 24:
             raise ValueError("token ids travel as fp32 values: the vocabulary must stay below 2^24")
+        self.head = head                                             # its parameters are this module's
+        self.embed_tokens = target.model.get_input_embeddings()      # the target's, shared
+        if head.config.draft_vocab_size:                             # the draft vocabulary's rows: a small copy
+            weight = target.lm_head_weight.detach()[head.draft_vocab].contiguous()
+            bias = target.lm_head_bias[head.draft_vocab].contiguous() if target.lm_head_bias is not None else None
+            self.lm_weight = nn.Parameter(weight, requires_grad=False)
+            self.lm_bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+            self.lm_head = None
+        else:
+            self.lm_head = target.model.get_output_embeddings()     # the target's module, shared
+        self.top = top
+        cfg = head.config
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scaling = cfg.head_dim ** -0.5
 
-    def step(self, ids: torch.Tensor, past: torch.Tensor, write: torch.Tensor, shortcut: torch.Tensor,
-             copy_embeds: torch.Tensor | None, copy_lens: torch.Tensor | None, keys: list[torch.Tensor],
-             values: list[torch.Tensor], window: int, width: int) -> torch.Tensor:
-        """ids (R, B) long: [anchor, MASK × D] per row; past (R,) long: the anchor's position; write (R, B) long:
-        where the block's keys/values go (past + offset; the scratch position for padding rows); shortcut (R, H)
-        the anchor's context feature (zeros without context); copy inputs (R, B, H), (R, B) or None; keys/values:
-        every head layer's slot buffers. → (2, R, D, width) float32: the top-`width` log-probs of depths 1..D and
-        their target token ids."""
-        head, block = self.head, self.block
-        cols = torch.arange(block, device=ids.device)
-        positions = past[:, None] + cols
-        key_pos = torch.arange(window, device=ids.device)
-        offset = key_pos[None, None, :] - past[:, None, None]                            # (R, 1, window)
-        inner = offset <= cols[None, :, None] if self.causal else offset < block
-        visible = (key_pos[None, None, :] < past[:, None, None]) | ((offset >= 0) & inner)
-        shortcut = shortcut * (past >= 1)[:, None].to(shortcut.dtype)                   # a one-token prompt
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, row: torch.Tensor, offset: torch.Tensor,
+                mask: torch.Tensor, shortcut: torch.Tensor, depth_rows: torch.Tensor, keys: list[torch.Tensor],
+                values: list[torch.Tensor], copy_embeds: torch.Tensor | None = None,
+                copy_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (T,) long [anchor, MASK × D] per row; pos (T,) past + offset, also where the block's keys/values
+        go; row (T,) the slot; offset (T,) 0..B-1; mask (R, 1, g·B, W) additive (context < past, the block
+        causally or whole); shortcut (T, H) each token's row's anchor context feature (zeros without context);
+        depth_rows (R·D,) the indices of the drafted tokens; keys/values every head layer's slot buffers;
+        copy inputs (T, H), (T,) for copy_ngram heads. → (2, R·D, top) float32: log-probs and token ids."""
+        head, tokens = self.head, ids.shape[0]
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        short = shortcut if head.config.anchor_shortcut else None
         copy = (copy_embeds, copy_lens) if copy_embeds is not None else None
-        kv = list(zip(keys, values))  # whole buffers: rows [0, R) are this bucket's (see Attention.forward_cached)
-        h = head.forward_cached(F.embedding(ids, self.embed), positions, kv, write, visible[:, None], copy, shortcut,
-                                window)
-        logits = F.linear(h[:, 1:].to(self.weight.dtype), self.weight, self.bias)
-        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), width, dim=-1)
-        tokens = head.to_target_ids(top.indices)
-        return torch.stack([top.values, tokens.to(torch.float32)])
+        x = head.block_inputs(F.embedding(ids, self.embed_tokens.weight), offset, copy, short)
+        cos, sin = head.rotary(pos)                                   # (T, 1, d)
+        for i, layer in enumerate(head.layers):
+            a = layer.self_attn
+            xn = layer.input_layernorm(x)
+            q = _rotate(a.q_norm(a.q_proj(xn).view(tokens, heads, d)), cos, sin)
+            k = _rotate(a.k_norm(a.k_proj(xn).view(tokens, kv, d)), cos, sin)
+            v = a.v_proj(xn).view(tokens, kv, d)
+            write_kv(keys[i], row, pos, k)
+            write_kv(values[i], row, pos, v)
+            out = slot_attention(q, keys[i], values[i], mask, self.scaling)
+            x = x + a.o_proj(out.view(tokens, heads * d))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = head.norm(x)[depth_rows]
+        if self.lm_head is not None:
+            logits = F.linear(h.to(self.lm_head.weight.dtype), self.lm_head.weight, self.lm_head.bias)
+        else:
+            logits = F.linear(h.to(self.lm_weight.dtype), self.lm_weight, self.lm_bias)
+        best = torch.topk(torch.log_softmax(logits.float(), dim=-1), self.top, dim=-1)
+        return torch.stack([best.values, head.to_target_ids(best.indices).to(torch.float32)])
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The head's rotation (`jetflow.head.model._rotate`), on (T, heads, d) with (T, 1, d) tables."""
+    half = x.shape[-1] // 2
+    return (x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin).to(x.dtype)

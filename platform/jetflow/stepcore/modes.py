@@ -2,11 +2,14 @@
 steps — and what `auto` means on this host. No torch import here: option parsers read it.
 
 - `off`: the eager reference path (HF's forward over the growing slot KV);
-- `compile`: the step core (`jetflow.stepcore`) over a static slot KV, `torch.compile`d per bucket;
-- `auto`: `compile` where this host's measurement says it pays, else `off`. The measurement is
-  `jetflow graphs --measure` (or `benchmarks/compiled.py --record`): eager vs compiled on the same target, same
-  buckets, side by side, kept per host in `$JETFLOW_HOME/cache/graphs.json`. With no measurement for this host
-  and target, `auto` is `off` (compiling costs minutes on a CPU; it is not paid unasked).
+- `compile`: the step core (`jetflow.stepcore`) over a static slot KV, its graphs `torch.compile`d;
+- `auto` (the default everywhere): on a GPU, `compile`. On a CPU, what this host's verdict says — `compile` where
+  the compiled step was measured faster than the eager one by `PAYS_ABOVE` and its tokens equal the eager
+  tokens, else `off`. With no verdict yet for this host (its processor, torch, device, target, dtype, threads and
+  rows), the first engine that meets it calibrates (`jetflow.engine.calibrate`: compiles its graphs — which it
+  keeps using — then decodes a few plain steps both ways, side by side, at its own rows; ~1-2 min, printed as it
+  runs) and keeps the verdict in `$JETFLOW_HOME/cache/graphs.json`, so later processes read it.
+  `jetflow graphs --measure` measures a whole decode (AR and a tree setting) and overwrites the verdict.
 
 `JETFLOW_GRAPHS=compile|off` in the environment pins what `auto` resolves to (the test suite pins `off`).
 """
@@ -36,16 +39,17 @@ def verdicts_file() -> Path:
     return jetflow_home() / "cache" / "graphs.json"
 
 
-def host_key(device_type: str, model_id: str, dtype: str, threads: int) -> str:
+def host_key(device_type: str, model_id: str, dtype: str, threads: int, rows: int = 1) -> str:
     """What a measurement holds for: this host's processor, the torch build, the device kind, target and dtype,
-    and the intra-op threads (a verdict taken with 2 threads says nothing of 1)."""
+    the intra-op threads (a verdict taken with 2 threads says nothing of 1) and the rows the engine runs at once
+    (a single stream's step is bound by reading the weights, eight rows' partly by arithmetic)."""
     import torch
 
-    cpu = _cpu_model()
-    return f"{cpu}|torch {torch.__version__}|{device_type}|{model_id}|{dtype}|{threads} threads"
+    cpu = cpu_model()
+    return f"{cpu}|torch {torch.__version__}|{device_type}|{model_id}|{dtype}|{threads} threads|{rows} rows"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -77,16 +81,27 @@ def record_verdict(key: str, verdict: dict) -> Path:
     return path
 
 
-def target_key(target) -> str:
+def target_key(target, rows: int = 1) -> str:
     """`host_key` of a loaded target on this host, with the process's current intra-op threads."""
     import torch
 
     return host_key(target.device.type, target.model_id, str(target.dtype).removeprefix("torch."),
-                    torch.get_num_threads())
+                    torch.get_num_threads(), rows)
 
 
-def resolve_graphs(mode: str, key: str) -> tuple[str, str]:
-    """`mode` → ("compile" | "off", why)."""
+def verdict_choice(verdict: dict) -> tuple[str, str]:
+    """A kept verdict → ("compile" | "off", why): compile only where it paid and its tokens equalled the eager ones."""
+    ratio = float(verdict.get("ratio", 0.0))
+    when = verdict.get("date", "?")
+    if not verdict.get("lossless", True):
+        return "off", f"auto: the compiled step's tokens differed from the eager ones on this host ({when})"
+    choice = "compile" if ratio >= PAYS_ABOVE else "off"
+    return choice, f"auto: measured compiled/eager {ratio:.2f} on this host ({when})"
+
+
+def resolve_graphs(mode: str, key: str, device_type: str = "cpu") -> tuple[str, str]:
+    """`mode` → ("compile" | "off" | "calibrate", why). "calibrate": auto on a CPU with no verdict for `key` yet —
+    the caller measures (`jetflow.engine.calibrate`) and keeps the verdict."""
     check_graphs(mode)
     if mode != "auto":
         return mode, "asked for"
@@ -95,9 +110,9 @@ def resolve_graphs(mode: str, key: str) -> tuple[str, str]:
         if pinned not in ("compile", "off"):
             raise InvalidSettingError(f"{ENV}={pinned!r}: use compile or off")
         return pinned, f"{ENV}={pinned}"
+    if device_type == "cuda":
+        return "compile", "auto: a GPU compiles"
     verdict = read_verdict(key)
     if verdict is None:
-        return "off", "auto: no measurement on this host (jetflow graphs --measure)"
-    ratio = float(verdict.get("ratio", 0.0))
-    choice = "compile" if ratio >= PAYS_ABOVE else "off"
-    return choice, f"auto: measured compiled/eager {ratio:.2f} on this host ({verdict.get('date', '?')})"
+        return "calibrate", "auto: no verdict on this host yet"
+    return verdict_choice(verdict)

@@ -9,10 +9,15 @@ storing the serving setting and promoting it are the main job's (`jetflow.main_j
    predicted winner among them) go on.
 3. The timed pass (`<name>-timed`): a trial per prompt set, every finalist and our AR decoded one prompt at a
    time, interleaved, `timed_repeats` passes over `timed_prompts` prompts: each speedup with its run-to-run
-   spread (max - min over the passes).
-4. The serving setting: the fastest lossless finalist that is not slower than AR on any set (plain decoding
-   when every finalist loses somewhere); the table says whether its lead over the runner-up exceeds the
-   spread. The best budget per concurrency level comes from the predictions of its kind.
+   spread (max - min over the passes); then, in the same trial, vLLM AR on the same prompts where vLLM is
+   installed (`jetflow.sweeps.backends`): the baseline the figures name — vLLM AR, the fastest plain decoding
+   installed, else JetFlow AR.
+4. The serving setting: the fastest lossless finalist that is not slower than JetFlow's AR on any set (plain
+   decoding when every finalist loses somewhere); the table says whether its lead over the runner-up exceeds
+   the spread. The best budget per concurrency level comes from the predictions of its kind.
+5. The backend pass (`<name>-backends`, where vLLM ran in step 3): tokens/s of the serving setting on JetFlow's
+   engine beside vLLM AR and vLLM DFlash with the head exported, at `backend_concurrency` requests in flight;
+   the decision records which backend won.
 
 Across nodes: trials get the head as a reference their node resolves (its registry URI, or a storage URI),
 never a folder of the driver's; Tune's state and the parent run's marker live in cluster storage; the step
@@ -31,6 +36,7 @@ from jetflow.errors import InvalidSettingError
 from jetflow.tree import TreeSpec
 
 SELECT = ("speedup", "tau")
+VLLM_BASELINE = ("auto", "off")
 
 
 @dataclass
@@ -59,6 +65,16 @@ class BudgetSweepConfig:
     dtype: str | None = None           # fp32, bf16 or fp16 (default: bf16 on a trial's GPU, fp32 on CPU)
     max_failures: int = 2              # reruns of a trial whose worker or node died (Tune's FailureConfig;
                                        # τ is deterministic, so a rerun elsewhere gives the same row)
+    graphs: str = "auto"               # how the timed pass and the step cost curve run their steps: the way a
+                                       # replica will (auto: compile where it pays on the trials' node, measured
+                                       # there on first use; jetflow.stepcore.modes). The τ pass runs eager.
+    vllm_baseline: str = "auto"        # auto: time vLLM AR beside ours in each timed trial (the baseline figures
+                                       # name), and vLLM AR / DFlash in the backend pass, where vLLM imports here or
+                                       # the checkout has .venv-vllm (`make setup-vllm`); else, or off: JetFlow AR
+    vllm_python: str = ""              # the vLLM venv's Python when this one has no vLLM (default:
+                                       # $JETFLOW_VLLM_PYTHON, else the checkout's .venv-vllm/bin/python)
+    backend_concurrency: list[int] = field(default_factory=lambda: [1, 8])  # requests in flight of the backend
+                                       # pass: JetFlow's serving setting vs vLLM AR and DFlash, tokens/s
 
     def __post_init__(self) -> None:
         if self.select not in SELECT:
@@ -71,12 +87,23 @@ class BudgetSweepConfig:
             raise InvalidSettingError("max_concurrent >= 1, cpus_per_trial > 0 and gpus_per_trial >= 0 are required")
         if self.max_failures < -1:
             raise InvalidSettingError(f"max_failures must be >= 0 (or -1: no limit), got {self.max_failures}")
+        if self.vllm_baseline not in VLLM_BASELINE:
+            raise InvalidSettingError(f"vllm_baseline must be one of {VLLM_BASELINE}, got {self.vllm_baseline!r}")
+        if not self.backend_concurrency or any(not isinstance(c, int) or not 1 <= c <= 256
+                                               for c in self.backend_concurrency):
+            raise InvalidSettingError(f"backend_concurrency must be integers in 1..256, got {self.backend_concurrency}")
+        from jetflow.stepcore.modes import check_graphs
+
+        check_graphs(self.graphs)
         if self.storage and not Path(self.storage).is_absolute():
             raise InvalidSettingError(f"storage must be an absolute path (Ray Tune requires it), got {self.storage!r}")
 
     def eval_config(self, setting: dict[str, Any]):
         """The wide pass's evaluation of one trial's setting (or, with {}, of the whole grid, for validation):
-        batched τ and losslessness only."""
+        batched τ and losslessness only, on the eager reference steps (`graphs=off`): τ is what the tree accepts,
+        not how fast its steps run, so no trial of this pass calibrates or compiles (on a 2-core CPU the first
+        trials of each process did both, ~4 min apiece, two at once). The step cost curve and the timed pass run
+        the steps the way a replica will (`graphs`); the timed pass checks those steps' losslessness."""
         from jetflow.eval.config import EvalConfig
 
         grid = {"algorithms": self.algorithms, "budgets": self.budgets, "widths": self.widths,
@@ -86,7 +113,7 @@ class BudgetSweepConfig:
             grid = {"algorithms": [spec.algorithm_option], "budgets": [spec.budget], "widths": [spec.width],
                     "temperatures": [setting["temperature"]]}
         ev = EvalConfig(sets=list(self.sets), prompts_per_set=self.prompts_per_set, timed_prompts=0,
-                        max_new_tokens=self.max_new_tokens, baselines=False, cost_model=False, **grid)
+                        max_new_tokens=self.max_new_tokens, baselines=False, cost_model=False, graphs="off", **grid)
         if not setting:
             for c in self.concurrency:
                 if not isinstance(c, int) or not 1 <= c <= 256:
@@ -101,7 +128,8 @@ class BudgetSweepConfig:
         return _grid_eval(EvalConfig, [TreeSpec.from_dict(f["tree"]) for f in finalists],
                           sets=[dataset], prompts_per_set=self.timed_prompts, timed_prompts=self.timed_prompts,
                           timed_repeats=self.timed_repeats, max_new_tokens=self.max_new_tokens, baselines=False,
-                          cost_model=False, temperatures=sorted({f["temperature"] for f in finalists} or {0.0}))
+                          cost_model=False, temperatures=sorted({f["temperature"] for f in finalists} or {0.0}),
+                          graphs=self.graphs)
 
     @property
     def location(self):
@@ -115,6 +143,12 @@ class BudgetSweepConfig:
         from jetflow.storage import tune_location
 
         return tune_location(f"{self.name}-timed", self.storage)
+
+    @property
+    def backends_location(self):
+        from jetflow.storage import tune_location
+
+        return tune_location(f"{self.name}-backends", self.storage)
 
     def settings(self, block_size: int | None = None) -> list[dict[str, Any]]:
         """One trial per (TreeSpec, temperature), as Tune's JSON-able config: {"tree": dict, "temperature"}.
@@ -228,6 +262,7 @@ def timed_metrics(report: dict) -> dict[str, float]:
             out[f"run{i}@{key}"] = v
     if not any(k.startswith("speedup@") for k in out):
         raise InvalidSettingError("the timed pass produced no rows of the head")
+    out["compiled"] = float(report.get("params", {}).get("graphs_resolved") == "compile")  # how the decodes ran
     return out
 
 
@@ -275,23 +310,41 @@ def budget_trial(config: dict) -> None:
     if shared.get("head_uri"):  # report the head as the registry version it is
         loaded = type(loaded)(loaded.head, HeadRef.parse(shared["head_uri"]), loaded.path, loaded.provenance)
     sweep = BudgetSweepConfig(**shared["sweep"])
+    parent = shared.get("parent_run_id")
+    if "backends" in config:  # the backend pass: JetFlow's serving setting vs vLLM, with requests in flight
+        from jetflow.sweeps.backends import backend_metrics, log_backend_run
+
+        metrics = backend_metrics(target, loaded, sweep, config["backends"], shared.get("export_key"))
+        run_id = log_backend_run(parent, metrics, ray.util.get_node_ip_address())
+        tune.report({**metrics, "mlflow_run_id": run_id})
+        return
+    vllm: dict = {}
     if "setting" in config:
         key, ev = trial_key(config["setting"]), sweep.eval_config(config["setting"])
     else:
         key, ev = timed_key(config["dataset"]), sweep.timed_config(config["finalists"], config["dataset"])
     report = evaluate(target, [loaded], ev)
-    parent = shared.get("parent_run_id")
+    if "dataset" in config:  # vLLM AR right after ours, on the same prompts and token budget (the baseline)
+        from jetflow.eval.compare import dataset_label
+        from jetflow.sweeps.backends import add_vllm_row, vllm_ar_beside
+
+        vllm, row = vllm_ar_beside(target, config["dataset"], dataset_label(config["dataset"]), sweep)
+        print(f"[budget sweep] {key}: {vllm['vllm_note']}", flush=True)
+        if row is not None:
+            add_vllm_row(report, row)
     # born with its trial's name and node (a run its node's loss cut short still says which trial it was)
     run_id = log_evaluation(report, run_name=key, parent_run_id=parent,
                             tags={TRIAL_TAG: key, "jetflow.sweep.stage": "wide" if "setting" in config else "timed",
-                                  "jetflow.node": ray.util.get_node_ip_address()})
+                                  "jetflow.node": ray.util.get_node_ip_address(),
+                                  **({"jetflow.vllm.note": vllm["vllm_note"]} if vllm else {})})
     if parent:
         drop_earlier_children(parent, key, keep=run_id)
     metrics = trial_metrics(report) if "setting" in config else timed_metrics(report)
-    tune.report({**metrics, "mlflow_run_id": run_id})
+    tune.report({**metrics, **vllm, "mlflow_run_id": run_id})
 
 
 TRIAL_TAG = "jetflow.trial"
+BACKENDS_KEY = "backends"
 
 
 def trial_key(setting: dict) -> str:
@@ -351,6 +404,30 @@ class SweepOutcome:
         return TreeSpec.from_dict(self.best["tree"]) if self.best else None
 
 
+def _backend_pass(cfg: BudgetSweepConfig, trainable, shared: dict, decision: dict, table: dict,
+                  timed: dict) -> tuple[dict | None, dict]:
+    """The backend trial (`<name>-backends`): JetFlow's serving setting (per load, the budget of `table`) vs vLLM
+    DFlash; with the timed trials' vLLM AR, the backend comparison (`jetflow.sweeps.backends.backends_of`).
+    Skipped (None, said) when no timed trial could run vLLM: there is nothing to compare with."""
+    from jetflow.sweeps.backends import backends_of
+    from jetflow.sweeps.cluster import trial_errors
+
+    if cfg.vllm_baseline == "off" or not any("vllm_ar_tokens_per_s" in m for m in timed.values()):
+        print(f"[budget sweep] backend pass skipped: {decision.get('baseline_note') or 'vLLM not timed'}; the "
+              "serving backend stays jetflow", flush=True)
+        return None, {}
+    serving = {"tree": decision["tree"], "budget_by_concurrency": {str(k): v for k, v in table.items()}}
+    grid = _tuner(trainable, cfg.backends_location, {"backends": serving, "shared": shared}, cfg).fit()
+    result = next((r for r in grid if r.error is None and r.metrics and "dflash_note" in r.metrics), None)
+    if result is None:
+        return None, trial_errors(grid)
+    backends = backends_of(result.metrics, timed, cfg)
+    from jetflow.sweeps.backends import backends_text
+
+    print(f"[budget sweep] backends: {backends_text(backends)}", flush=True)
+    return backends, trial_errors(grid)
+
+
 def _block_size(head_path: str) -> int | None:
     """The head's block size, read the way `load_head` reads it (None if the folder has no config)."""
     from jetflow.head.config import HeadConfig
@@ -363,10 +440,11 @@ def _block_size(head_path: str) -> int | None:
 
 
 def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max_slots: int, max_budget: int,
-                    threads: int = 1) -> dict:
-    """The step cost curve of this node's device for the head, with the trials' `threads` torch threads
-    (measured once per node and device kind, cached in its `$JETFLOW_HOME`), as a dict: a Ray task of the
-    trials' kind on a cluster."""
+                    threads: int = 1, graphs: str = "auto") -> dict:
+    """The step cost curve of this node's device for the head, with the trials' `threads` torch threads and the
+    steps a replica of `max_slots` runs there (`graphs` resolved on this node, calibrated on first use; measured
+    once per node and device kind, cached in its `$JETFLOW_HOME`), as a dict: a Ray task of the trials' kind on
+    a cluster."""
     import torch
 
     from jetflow.engine.cost import cached_step_curve
@@ -377,10 +455,14 @@ def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
+        from jetflow.engine import Engine, EngineConfig
+
         device, torch_dtype = placement("cuda" if gpu else "cpu", dtype)
         target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
-        return cached_step_curve(target, HeadRef.parse(head).load(target).head, max_slots=max_slots,
-                                 max_budget=max_budget).to_dict()
+        loaded = HeadRef.parse(head).load(target).head
+        mode = Engine(target, loaded, EngineConfig(max_slots=max_slots, graphs=graphs)).graphs  # auto, resolved
+        curve = cached_step_curve(target, loaded, max_slots=max_slots, max_budget=max_budget, graphs=mode).to_dict()
+        return {**curve, "graphs": mode}
     finally:
         torch.set_num_threads(before)
 
@@ -393,8 +475,9 @@ def _step_curve(cfg: BudgetSweepConfig, head: str):
 
     try:
         curve = on_worker(step_curve_here, cfg.target, head, cfg.dtype, cfg.gpus_per_trial > 0, max(cfg.concurrency),
-                          max(cfg.budgets), max(1, int(cfg.cpus_per_trial)),
+                          max(cfg.budgets), max(1, int(cfg.cpus_per_trial)), cfg.graphs,
                           num_cpus=cfg.cpus_per_trial, num_gpus=cfg.gpus_per_trial)
+        print(f"[budget sweep] step cost curve of the trials' node, steps graphs={curve.pop('graphs')}")
         return StepCostCurve.from_dict(curve)
     except Exception as exc:  # noqa: BLE001 - finalists by τ beat no sweep result
         print(f"[budget sweep] no step cost curve: finalists by τ alone ({exc.__class__.__name__}: {exc})")
@@ -504,6 +587,19 @@ def merge_timed(rows: list[dict], timed: dict[str, dict[str, float]]) -> None:
         r["spread"] = max(means) - min(means) if n > 1 else math.nan
         r["tokens_per_s"] = _mean(m.get(f"tokens_per_s@{key}") for m in per_set.values())
         r["ar_tokens_per_s"] = _mean(m.get("ar_tokens_per_s") for m in per_set.values())
+        # vs vLLM AR (the fastest plain decoding installed), timed in the same trial: decode tokens/s over vLLM's
+        vs = {ds: m[f"tokens_per_s@{key}"] / m["vllm_ar_tokens_per_s"] for ds, m in per_set.items()
+              if _pos(m.get("vllm_ar_tokens_per_s")) and _pos(m.get(f"tokens_per_s@{key}"))}
+        for ds, v in vs.items():
+            r[f"speedup_vs_vllm_ar@{ds}"] = v
+        r["speedup_vs_vllm_ar"] = _mean(vs.values()) if len(vs) == len(per_set) else math.nan
+        flags = {m["compiled"] for m in per_set.values() if "compiled" in m}
+        if flags:
+            r["compiled"] = 1.0 if flags == {1.0} else 0.0 if flags == {0.0} else math.nan
+
+
+def _pos(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def _loses(row: dict) -> list[str]:
@@ -512,11 +608,15 @@ def _loses(row: dict) -> list[str]:
                   if k.startswith("speedup@") and math.isfinite(v) and v < 1.0)
 
 
-def decide(rows: list[dict], select: str, cfg: BudgetSweepConfig) -> tuple[dict | None, dict]:
+def decide(rows: list[dict], select: str, cfg: BudgetSweepConfig,
+           baseline: dict | None = None) -> tuple[dict | None, dict]:
     """The serving setting among the timed finalists, and the decision's evidence. The rule (select=speedup):
-    lossless, not slower than AR on any prompt set, then the highest timed mean speedup over sets; None when
-    every finalist is slower than AR on some set: the head is served plain there and everywhere (one setting
-    serves all requests). With select=tau the highest τ of the lossless finalists, speed reported, not required."""
+    lossless, not slower than JetFlow's AR on any prompt set (the tree must pay for itself on our engine), then the
+    highest timed mean speedup over sets; None when every finalist is slower than AR on some set: the head is
+    served plain there and everywhere (one setting serves all requests). With select=tau the highest τ of the
+    lossless finalists, speed reported, not required. `baseline` (`jetflow.sweeps.backends.baseline_of`): the
+    plain decoding the headline figures compare with — vLLM AR where it was timed (each set's `speedup_vs_vllm_ar`
+    beside the speedup over JetFlow AR), else JetFlow AR."""
     timed = [r for r in rows if math.isfinite(r.get("speedup", math.nan)) and _usable(r)]
     ranked = sorted(timed, key=lambda r: r[select], reverse=True)
     winners = [r for r in ranked if select == "tau" or not _loses(r)]
@@ -529,19 +629,39 @@ def decide(rows: list[dict], select: str, cfg: BudgetSweepConfig) -> tuple[dict 
         "tau_prompts": cfg.prompts_per_set, "max_new_tokens": cfg.max_new_tokens,
         "sets": {}, "finalists": [r["trial"] for r in timed],
         "losing": {r["trial"]: _loses(r) for r in timed if _loses(r)},
+        "graphs": _timed_graphs(rows),
     }
+    base = baseline or {"name": "jetflow_ar", "label": "JetFlow AR", "note": "vLLM not timed", "sets": {}}
+    vllm = base["name"] == "vllm_ar"
+    evidence.update({"baseline": base["name"], "baseline_label": base["label"], "baseline_note": base.get("note"),
+                     "vllm_version": base.get("vllm_version"), "ar": base.get("sets", {})})
     if best is not None:
         sets = [k.removeprefix("speedup@") for k in best if k.startswith("speedup@")]
         evidence["sets"] = {ds: {"speedup": best[f"speedup@{ds}"], "spread": best.get(f"spread@{ds}", math.nan),
-                                 "tau": best.get(f"tau@{ds}", math.nan)} for ds in sets}
+                                 "tau": best.get(f"tau@{ds}", math.nan),
+                                 **({"speedup_vs_vllm_ar": best.get(f"speedup_vs_vllm_ar@{ds}", math.nan)}
+                                    if vllm else {})} for ds in sets}
         evidence.update({"speedup": best["speedup"], "spread": best.get("spread", math.nan), "tau": best["tau"],
                          "runner_up": runner["trial"] if runner else None})
+        if vllm:
+            evidence["speedup_vs_vllm_ar"] = best.get("speedup_vs_vllm_ar", math.nan)
         if runner is not None:
             lead = best[select] - runner[select]
             spread = max(best.get("spread", math.nan), runner.get("spread", math.nan))
             evidence.update({"lead": lead, "lead_spread": spread,
                              "decisive": bool(math.isfinite(spread) and lead > spread)})
+    # the headline figure: the serving setting (plain: JetFlow's AR itself) against the baseline
+    ar_vs = [v.get("jetflow_ar_vs_vllm_ar") for v in base.get("sets", {}).values()]
+    evidence["speedup_vs_baseline"] = (
+        (evidence.get("speedup_vs_vllm_ar", math.nan) if best is not None else _mean(ar_vs)) if vllm
+        else (evidence.get("speedup", math.nan) if best is not None else 1.0))
     return best, _json_safe(evidence)
+
+
+def _timed_graphs(rows: list[dict]) -> str:
+    """How the timed pass ran its steps (`graphs` resolved on the trials' node): compile, off or mixed."""
+    flags = {r["compiled"] for r in rows if math.isfinite(r.get("compiled", math.nan))}
+    return "mixed" if len(flags) > 1 else ("compile" if flags == {1.0} else "off") if flags else "unknown"
 
 
 def _json_safe(obj):
@@ -593,12 +713,15 @@ def summary_table(rows: list[dict], best: dict | None) -> str:
     from jetflow.eval.table import markdown_table
 
     sets = _sets(rows)
+    vllm = [ds for ds in sets if any(f"speedup_vs_vllm_ar@{ds}" in r for r in rows)]
     cols = (["algorithm", "budget", "width", "temperature", "tau"]
             + [(f"τ {ds}", f"tau@{ds}", "{:.2f}") for ds in sets]
-            + [("predicted", "predicted", "{:.2f}x")]
-            + [(f"timed {ds}", f"speedup@{ds}", "{:.2f}x") for ds in sets]
+            + [("predicted (× JetFlow AR)", "predicted", "{:.2f}x")]
+            + [(f"timed {ds} (× JetFlow AR)", f"speedup@{ds}", "{:.2f}x") for ds in sets]
             + [(f"± {ds}", f"spread@{ds}", "{:.2f}") for ds in sets]
-            + [("timed mean", "speedup", "{:.2f}x"), "lossless"])
+            + [("timed mean (× JetFlow AR)", "speedup", "{:.2f}x")]
+            + [(f"{ds} (× vLLM AR)", f"speedup_vs_vllm_ar@{ds}", "{:.2f}x") for ds in vllm]
+            + ["lossless"])
     ordered = sorted(rows, key=lambda r: (r["temperature"], r["algorithm"], r["width"], r["budget"], r["key"]))
     return markdown_table(ordered, cols, [" **serving**" if best is not None and r is best else "" for r in ordered])
 
@@ -610,18 +733,31 @@ def winners_table(rows: list[dict], decision: dict) -> str:
         cands = [r for r in rows if _usable(r) and math.isfinite(r.get(f"{field}@{ds}", math.nan))]
         return max(cands, key=lambda r: r[f"{field}@{ds}"], default=None)
 
+    def vs_vllm(v) -> str:
+        return f", {v:.2f}x vLLM AR" if v is not None and math.isfinite(v) else ""
+
     lines = ["| set | highest τ | fastest predicted | fastest timed | serving |", "|---|---|---|---|---|"]
     for ds in _sets(rows):
         t, p, m = top(ds, "tau"), top(ds, "predicted"), top(ds, "speedup")
         ev = decision.get("sets", {}).get(ds)
-        lines.append("| " + " | ".join([
-            ds, f"{t['key']} τ {t[f'tau@{ds}']:.2f}" if t else "-",
-            f"{p['key']} {p[f'predicted@{ds}']:.2f}x" if p else "-",
-            f"{m['key']} {m[f'speedup@{ds}']:.2f}x ± {_f(m.get(f'spread@{ds}'))}" if m else "-",
-            f"{ev['speedup']:.2f}x ± {_f(ev['spread'])}" if ev else "plain"]) + " |")
+        ar = (decision.get("ar") or {}).get(ds) or {}
+        plain = (f"plain ({ar['jetflow_ar_vs_vllm_ar']:.2f}x vLLM AR)" if ar.get("jetflow_ar_vs_vllm_ar") is not None
+                 else "plain")
+        timed = (f"{m['key']} {m[f'speedup@{ds}']:.2f}x JetFlow AR ± {_f(m.get(f'spread@{ds}'))}"
+                 f"{vs_vllm(m.get(f'speedup_vs_vllm_ar@{ds}'))}" if m else "-")
+        serving = (f"{ev['speedup']:.2f}x JetFlow AR ± {_f(ev['spread'])}{vs_vllm(ev.get('speedup_vs_vllm_ar'))}"
+                   if ev else plain)
+        lines.append("| " + " | ".join([ds, f"{t['key']} τ {t[f'tau@{ds}']:.2f}" if t else "-",
+                                        f"{p['key']} {p[f'predicted@{ds}']:.2f}x JetFlow AR" if p else "-",
+                                        timed, serving]) + " |")
     from jetflow.tracking.promotion import evidence_text
 
-    return "\n".join(lines) + "\n\n" + (evidence_text(decision) if decision else "no decision (incomplete sweep)") + "\n"
+    text = "\n".join(lines) + "\n\n" + (evidence_text(decision) if decision else "no decision (incomplete sweep)") + "\n"
+    if decision.get("backends"):
+        from jetflow.sweeps.backends import backends_text
+
+        text += "\nbackends: " + backends_text(decision["backends"]) + "\n"
+    return text
 
 
 def _f(x) -> str:
@@ -668,7 +804,9 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
     trial_head = head.for_trials()  # before anything is logged: a folder other nodes cannot see fails here
     parent = _parent_run(cfg, head)
     shared = {"target": cfg.target, "head": trial_head, "head_uri": head.uri, "sweep": asdict(cfg),
-              "parent_run_id": parent, "tracking_uri": tracking}
+              "parent_run_id": parent, "tracking_uri": tracking,
+              # where a trial keeps the head's vLLM export ($JETFLOW_HOME/vllm-heads/<key>; else by weights)
+              "export_key": "/".join(head.registered) if head.registered else None}
     trainable = tune.with_resources(not_retried_on_setup_error(budget_trial),
                                     {"cpu": cfg.cpus_per_trial, "gpu": cfg.gpus_per_trial})
     settings = cfg.settings(_block_size(head.path))  # the grid: its trials, and the rows a complete sweep has
@@ -708,9 +846,19 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
             missing = [timed_key(ds) for ds in cfg.sets if dataset_label(ds) not in timed]
             merge_timed(rows, timed)
         if not missing:
-            best, decision = decide(rows, cfg.select, cfg)
+            from jetflow.sweeps.backends import baseline_of
+
+            baseline = baseline_of(timed, cfg)
+            print(f"[budget sweep] figures name their baseline: {baseline['label']} ({baseline['note']})", flush=True)
+            best, decision = decide(rows, cfg.select, cfg, baseline)
     table = budget_by_concurrency(rows, best) if best is not None else (
         {c: 1 for c in cfg.concurrency} if decision else {})
+    if decision:  # the backends: JetFlow's serving setting beside vLLM AR and DFlash, with requests in flight
+        backends, backend_errors = _backend_pass(cfg, trainable, shared, decision, table, timed)
+        errors.update(backend_errors)
+        if backends is not None:
+            decision = _json_safe({**decision, "backends": backends, "backend": backends["backend"],
+                                   "vllm_mode": backends["vllm_mode"]})
     c = client()
     expected = len(settings) + (len(cfg.sets) if finalists or missing else 0)
     c.set_tag(parent, "jetflow.sweep.trials", f"{expected - len(missing)}/{expected}")
@@ -721,6 +869,10 @@ def run_budget_sweep(cfg: BudgetSweepConfig, head: SweptHead, ray_address: str |
         c.log_text(parent, winners_table(rows, decision), "sweep_winners.md")
         c.log_dict(parent, decision, "serving_decision.json")
         c.set_tag(parent, "jetflow.serving.setting", decision["setting"])
+    if decision:
+        from jetflow.sweeps.backends import log_parent_rows
+
+        log_parent_rows(parent, decision)
     log_figures(parent, budget_sweep_figures(set_rows(rows)))
     if best is not None:
         for k in ("tau", "speedup", "tokens_per_s", "spread"):

@@ -7,7 +7,11 @@ Score of a head on one eval set: with the budget sweep's serving evidence on the
 set, with the prompts, tokens, passes and run-to-run spread behind it — a head whose every timed setting loses to
 AR somewhere is served plain and not promoted. Without it, the best value of the chosen metric over the head's
 own rows (every tree setting, at temperature 0) in its latest evaluation run. The gate compares the mean of the
-per-set scores over the eval sets both heads measured."""
+per-set scores over the eval sets both heads measured.
+
+The speedups it scores are against JetFlow's own AR (what a head buys on the engine that runs it; evidence of
+every age has them). Where the sweep timed vLLM AR too — the fastest plain decoding installed — the evidence also
+carries each set's speedup against it and names its baseline; the summary shows both, each with its baseline."""
 
 from __future__ import annotations
 
@@ -66,6 +70,9 @@ class PromotionDecision:
             champ = "-" if s.get("champion") is None else f"{s['champion']:.3f}"
             ev = sets.get(name)
             behind = f" ± {_num(ev.get('spread'))} (τ {_num(ev.get('tau'))})" if ev and self.metric == "speedup" else ""
+            if ev and self.metric == "speedup":
+                vs = f", {_num(ev['speedup_vs_vllm_ar'])}x vLLM AR" if ev.get("speedup_vs_vllm_ar") is not None else ""
+                behind = f" (x JetFlow AR){behind}{vs}"
             lines.append(f"  {name}: {self.metric} challenger {s['challenger']:.3f}{behind} champion {champ}")
         if self.evidence:
             lines.append(f"evidence: {evidence_text(self.evidence)}")
@@ -80,27 +87,33 @@ def evidence_text(d: dict) -> str:
     """A serving decision of the budget sweep (`jetflow.sweeps.budget.decide`) in words: the setting, its
     number with the run-to-run spread, whether its lead over the runner-up exceeds that spread, which finalists
     were passed over for losing to AR where, and how many prompts, tokens and passes stand behind it."""
-    behind = (f"τ on {d['tau_prompts']} prompts per set; speedups timed interleaved with AR on {d['timed_prompts']} "
-              f"prompts per set × {d['max_new_tokens']} tokens, {d['timed_repeats']} passes")
+    vllm = d.get("baseline") == "vllm_ar"
+    behind = (f"τ on {d['tau_prompts']} prompts per set; speedups timed interleaved with JetFlow AR on "
+              f"{d['timed_prompts']} prompts per set × {d['max_new_tokens']} tokens, {d['timed_repeats']} passes")
+    behind += (f"; vLLM AR (vLLM {d.get('vllm_version')}) timed on the same prompts in the same trials" if vllm else
+               f"; baseline JetFlow AR ({d['baseline_note']})" if d.get("baseline_note") else "")
     losing = "; ".join(f"{k} on {', '.join(v)}" for k, v in (d.get("losing") or {}).items())
     if d["setting"] == "plain":
-        why = (f"every timed setting is slower than AR on some set ({losing})" if losing
+        why = (f"every timed setting is slower than JetFlow AR on some set ({losing})" if losing
                else "no lossless setting to time")
-        return f"serving plain decoding: {why}; {behind}"
+        ar = f" (JetFlow AR at {_num(d.get('speedup_vs_baseline'))}x vLLM AR)" if vllm else ""
+        return f"serving plain decoding{ar}: {why}; {behind}"
     text = f"serving {d['setting']}: {d['select']} {_num(d.get(d['select']))}"
     if d["select"] == "speedup":
-        text += f"x ± {_num(d.get('spread'))}"
+        text += f"x JetFlow AR ± {_num(d.get('spread'))}"
+    if vllm:
+        text += f", {_num(d.get('speedup_vs_vllm_ar'))}x vLLM AR (the fastest plain decoding installed)"
     if d.get("runner_up"):
         verdict = "exceeds" if d.get("decisive") else "does not exceed"
         text += (f"; its lead over {d['runner_up']} ({d['lead']:+.2f}) {verdict} the run-to-run spread "
                  f"({_num(d.get('lead_spread'))})")
     own = (d.get("losing") or {}).get(d["setting"])
     if own:  # (select=tau: τ decides, speed is reported)
-        text += f"; slower than AR on {', '.join(own)}"
+        text += f"; slower than JetFlow AR on {', '.join(own)}"
     others = "; ".join(f"{k} on {', '.join(v)}" for k, v in (d.get("losing") or {}).items() if k != d["setting"])
     if others:
-        text += f"; passed over for losing to AR: {others}" if d["select"] == "speedup" else \
-            f"; other finalists slower than AR: {others}"
+        text += f"; passed over for losing to JetFlow AR: {others}" if d["select"] == "speedup" else \
+            f"; other finalists slower than JetFlow AR: {others}"
     return f"{text}; {behind}"
 
 

@@ -15,7 +15,7 @@ nats — since a decisive depth 1 puts nearly all the accepted mass under the sp
 spine-conditioned. The second pass costs one head forward of F blocks; the decoder and the engine count it
 as draft time. The head was trained on MASK blocks only: a real token at block position 1 is outside its
 training: with the `demo` head the refreshed rows barely move and τ equals accum_logp's at every budget
-(BENCHMARKS.md, "Tree algorithms") — the pass pays only for a head trained with real tokens in its block.
+(benchmarks/HISTORY.md, "Tree algorithms") — the pass pays only for a head trained with real tokens in its block.
 
 Identity: `branches` 0, `gap` 0, a chain (fanout 1), or no second pass available (`context.redraft` None:
 the simulated-τ monitor, a bare `build_tree`) — the paper's accum_logp exactly.

@@ -1,5 +1,6 @@
-"""The vLLM rows of an evaluation (GPU only): vLLM's own greedy AR decoding, and its `dflash` chain
-speculation with a head exported by `jetflow export --to vllm`, on the evaluation's prompts.
+"""The vLLM rows of an evaluation: vLLM's own greedy AR decoding, and its `dflash` chain speculation with a
+head exported by `jetflow export --to vllm`, on the evaluation's prompts (a GPU node's vLLM, or vLLM's CPU
+build in .venv-vllm: `make setup-vllm`).
 
 Rows follow the evaluation report's row contract (`jetflow.tracking.report.ReportRow`) with methods
 `vllm_ar` and `vllm_dflash`, plus what only these rows have: `speedup_vs_vllm_ar` (the two vLLM engines
@@ -7,8 +8,8 @@ against each other) and `timing: "end_to_end"` — vLLM's generate() is timed wh
 their tokens/s compare with each other, not with the decode-only tokens/s of our rows. `lossless` of the
 DFlash row = its tokens equal vLLM AR's, token for token (same engine, same dtype).
 
-Needs vLLM (the `[vllm]` extra) only when a run starts; everything before — rows, arguments, the
-speculative config — is plain Python, tested on CPU with a stand-in runner.
+Needs vLLM only when a run starts; everything before — rows, arguments, the speculative config — is plain
+Python, tested with a stand-in runner (and for real, with vLLM's CPU build, by `make test-vllm`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def vllm_rows(model: str, prompts: Mapping[str, Sequence[Sequence[int]]], stop_i
     """Greedy-decode `prompts` ({dataset: [token ids, ...]}) on vLLM for target `model` (bundled name, folder
     or hub id): AR, and DFlash chain speculation with `exported_head` when given (a folder written by
     `jetflow export --to vllm`; num_speculative_tokens = its block_size - 1). One engine per method, each
-    dataset's prompts one after another (batch 1, as our timed rows). Returns one row per dataset × method.
+    dataset's prompts one after another (batch 1, as our timed rows). `dtype`: vLLM's name of the precision
+    (pass the target's: vLLM's "auto" runs an fp32 checkpoint in bf16). Returns one row per dataset × method.
     `run` is `jetflow.vllm.generate.generate_greedy` (tests pass a stand-in)."""
     if max_new_tokens < 1:
         raise InvalidSettingError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

@@ -89,29 +89,22 @@ def expected_tensors(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
 def check_exportable(cfg: HeadConfig, lm_head_weight: torch.Tensor | None = None,
                      lm_head_bias: torch.Tensor | None = None) -> None:
     """Refuse a head that vLLM's DFlash model would run differently from JetFlow's DraftHead."""
-    if cfg.tap_norm:
+    # Every JetFlow input vLLM's DFlash block has no place for, named together (a `demo` head has all four).
+    unsupported = [text for on, text in (
+        (cfg.tap_norm, "tap_norm=True (a per-tap RMSNorm, weights tap_norms.*: vLLM's fc reads the raw "
+                       "concatenated target layers, and RMSNorm is not linear, so it cannot be folded into fc)"),
+        (cfg.anchor_shortcut, "anchor_shortcut=True (the context feature of position T-1 added to every block "
+                              "input)"),
+        (cfg.depth_embedding, "depth_embedding=True (a learned vector per block offset added to the block "
+                              "inputs, weight depth_embed)"),
+        (cfg.copy_ngram, f"copy_ngram={cfg.copy_ngram} (copy candidates found in the context added to the block "
+                         "inputs, weights copy_norm and copy_len_embed)"),
+    ) if on]
+    if unsupported:
         raise ExportUnsupportedError(
-            "head option tap_norm=True (per-tap RMSNorm, weights tap_norms.*) has no counterpart in vLLM's "
-            "DFlash model, whose fc reads the raw concatenated target layers; RMSNorm is not linear, so it "
-            "cannot be folded into fc exactly. Serve this head with JetFlow's decoder, or train one with "
-            "tap_norm=False for vLLM")
-    if cfg.anchor_shortcut:
-        raise ExportUnsupportedError(
-            "head option anchor_shortcut=True (the context feature of position T-1 added to every block "
-            "input) has no counterpart in vLLM's DFlash model, whose block input is token embeddings only. "
-            "Serve this head with JetFlow's decoder, or train one with anchor_shortcut=False for vLLM")
-    if cfg.depth_embedding:
-        raise ExportUnsupportedError(
-            "head option depth_embedding=True (a learned vector per block offset added to the block inputs, "
-            "weight depth_embed) has no counterpart in vLLM's DFlash model, whose block input is token "
-            "embeddings only. Serve this head with JetFlow's decoder, or train one with depth_embedding=False "
-            "for vLLM")
-    if cfg.copy_ngram:
-        raise ExportUnsupportedError(
-            f"head option copy_ngram={cfg.copy_ngram} (copy candidates found in the context added to the block "
-            "inputs, weights copy_norm and copy_len_embed) has no counterpart in vLLM's DFlash model, whose "
-            "block input is token embeddings only. Serve this head with JetFlow's decoder, or train one with "
-            "copy_ngram=0 for vLLM")
+            f"head option{'s' if len(unsupported) > 1 else ''} {'; '.join(unsupported)}: no counterpart in vLLM's "
+            "DFlash model, whose block input is token embeddings only. Serve this head with JetFlow's decoder, or "
+            "train one without them for vLLM: jobs/train.py --preset demo-vllm (the demo head without these inputs)")
     if cfg.num_target_layers and any(i >= cfg.num_target_layers - 1 for i in cfg.target_layer_ids):
         # vLLM's aux state for tap L is the residual stream after layer L (llama.py _maybe_add_hidden_state);
         # for the last layer HF's hidden_states[-1], which the head was trained on, is final-normed instead.
@@ -252,3 +245,52 @@ def validate_vllm_export(path: str | Path) -> list[str]:
         if d2t.dtype != torch.long or targets.min() < 0 or targets.max() >= cfg.vocab_size:
             problems.append("d2t must be int64 with index + d2t inside the target vocabulary")
     return problems
+
+
+def exported_dir(key: str) -> Path:
+    """Where `export_cached` keeps the export of `key` (a registry version "NAME/VERSION", or "sha-<weights>" for
+    a folder): $JETFLOW_HOME/vllm-heads/<key>, node-local, rebuilt on demand."""
+    from jetflow.paths import jetflow_home
+
+    return jetflow_home() / "vllm-heads" / key
+
+
+def export_cached(head: str | Path, key: str | None = None, lm_head=None) -> Path:
+    """`head` (a folder or name) in vLLM's DFlash layout, exported once per `key` into $JETFLOW_HOME/vllm-heads/ and
+    reused while the source weights are the same (the provenance's sha256). `key`: the registry version
+    ("NAME/VERSION"); default: the weights' sha256. `lm_head`: a callable returning the target's (LM-head weight,
+    bias), called only for a draft-vocabulary head. Several replicas on a node may export at once: each writes its
+    own temporary folder, the first rename wins. Raises ExportUnsupportedError for a head vLLM cannot run."""
+    import os
+    import uuid
+
+    src = local_head_path(head)
+    weights_sha = file_sha256(src / WEIGHTS)
+    out = exported_dir(key or f"sha-{weights_sha[:16]}")
+    try:
+        if json.loads((out / PROVENANCE).read_text())["source_weights_sha256"] == weights_sha:
+            return out
+    except (OSError, ValueError, KeyError):
+        pass
+    cfg = HeadConfig.from_dflash_dict(json.loads((src / CONFIG).read_text()))
+    exportable(cfg)  # refused before the target's LM head is read
+    weight, bias = lm_head() if cfg.draft_vocab_size and lm_head is not None else (None, None)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    export_vllm(src, tmp, lm_head_weight=weight, lm_head_bias=bias, overwrite=True)
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process's export landed first: the same weights, so the same files
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def exportable(cfg: HeadConfig) -> None:
+    """`check_exportable` for a head's config alone (no target at hand): ExportUnsupportedError for a head vLLM's
+    DFlash model would run differently; the LM-head checks of a draft-vocabulary head wait for the export."""
+    check_exportable(cfg, *(_meta_lm_head(cfg) if cfg.draft_vocab_size else ()))
+
+
+def _meta_lm_head(cfg: HeadConfig) -> tuple[torch.Tensor, None]:
+    """A stand-in LM head of the right shape (no memory): check_exportable's shape check then passes."""
+    return torch.empty(cfg.vocab_size, cfg.hidden_size, device="meta"), None

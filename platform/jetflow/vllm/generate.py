@@ -1,8 +1,9 @@
 """Greedy decoding on vLLM, AR or with `dflash` chain speculation from an exported head: the vLLM
 baseline rows of an evaluation, measured the way JetFlow's decoder is (batch 1, prompt after prompt).
 
-One engine per call; run each configuration in its own process when several share a GPU (a vLLM
-engine does not hand its memory back before the process ends).
+The engine is this process's for those settings (`jetflow.vllm.engine`): built on the first call, shared by
+later ones. On a GPU each engine keeps its share of memory (`gpu_memory_utilization`) until the process ends
+or `close_engines()`; run configurations that do not fit together in processes of their own.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetflow.vllm import require_vllm
+from jetflow.vllm.engine import engine, spec_counters
 
 
 @dataclass
 class VllmRun:
     token_ids: list[list[int]]          # generated ids per prompt (a stop token that ended it included)
     seconds: float                      # generate() wall time summed over prompts, warm-up excluded
-    startup_s: float                    # engine construction
+    startup_s: float                    # engine construction (0 when this process had built it already)
     vllm_version: str
     drafts: int = 0                     # speculation steps (vllm:spec_decode_num_drafts)
     accepted: int = 0                   # accepted draft tokens (vllm:spec_decode_num_accepted_tokens)
@@ -51,21 +53,14 @@ def dflash_config(exported: str | Path, num_speculative_tokens: int) -> dict:
 def generate_greedy(model: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
                     *, speculative_config: dict | None = None, dtype: str = "auto", max_model_len: int | None = None,
                     attention_backend: str | None = None, gpu_memory_utilization: float = 0.45) -> VllmRun:
-    """Greedy-decode token-id `prompts` one at a time on a fresh vLLM engine for `model` (an HF folder or
-    hub id, see `jetflow.vllm.regenerate.model_source`). Speculative with `speculative_config`."""
+    """Greedy-decode token-id `prompts` one at a time on vLLM for `model` (an HF folder or hub id, see
+    `jetflow.vllm.regenerate.model_source`). Speculative with `speculative_config`."""
     vllm = require_vllm("a vLLM baseline")
-    # eager: CUDA-graph capture costs more start-up time than a short check gains
-    # disable_log_stats=False: without the stat loggers get_metrics() has no spec_decode counters (τ)
-    kwargs: dict = {"model": model, "dtype": dtype, "seed": 0, "enforce_eager": True,
-                    "gpu_memory_utilization": gpu_memory_utilization, "disable_log_stats": False}
-    if max_model_len:
-        kwargs["max_model_len"] = max_model_len
-    if speculative_config:
-        kwargs["speculative_config"] = speculative_config
-    if attention_backend:
-        kwargs["attention_backend"] = attention_backend
     t0 = time.perf_counter()
-    llm = vllm.LLM(**kwargs)
+    # eager: CUDA-graph capture (GPU) or inductor (CPU) costs more start-up time than a short check gains
+    llm = engine(model, dtype=dtype, max_model_len=max_model_len, speculative_config=speculative_config,
+                 enforce_eager=True, attention_backend=attention_backend,
+                 gpu_memory_utilization=gpu_memory_utilization)
     startup = time.perf_counter() - t0
     params = vllm.SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(stop_ids),
                                  detokenize=False)
@@ -73,12 +68,12 @@ def generate_greedy(model: str, prompts: Sequence[Sequence[int]], max_new_tokens
     if batch:
         llm.generate(batch[:1], params, use_tqdm=False)  # warm-up: first-call kernels and allocations
     run = VllmRun(token_ids=[], seconds=0.0, startup_s=startup, vllm_version=vllm.__version__)
-    before = _spec_counters(llm)
+    before = spec_counters(llm)
     for prompt in batch:
         t = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         run.prompt_seconds.append(time.perf_counter() - t)
-        after = _spec_counters(llm)
+        after = spec_counters(llm)
         run.prompt_drafts.append(after["num_drafts"] - before["num_drafts"])
         run.prompt_accepted.append(after["num_accepted_tokens"] - before["num_accepted_tokens"])
         run.token_ids.append(list(out.outputs[0].token_ids))
@@ -86,12 +81,3 @@ def generate_greedy(model: str, prompts: Sequence[Sequence[int]], max_new_tokens
     run.seconds, run.drafts, run.accepted = sum(run.prompt_seconds), sum(run.prompt_drafts), sum(run.prompt_accepted)
     return run
 
-
-def _spec_counters(llm) -> dict[str, int]:
-    """vLLM's speculative-decoding counters (vllm:spec_decode_num_*); 0 when speculation is off."""
-    out = {"num_drafts": 0, "num_accepted_tokens": 0}
-    for metric in llm.get_metrics():
-        name = metric.name.removeprefix("vllm:spec_decode_")
-        if name in out:
-            out[name] += int(getattr(metric, "value", 0))
-    return out

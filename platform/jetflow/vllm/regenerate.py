@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from jetflow.data.prompts import PromptItem
 from jetflow.data.shards import SCHEMA, cut_at_stop, encode_shard, write_shard
 from jetflow.vllm import require_vllm
-
-_ENGINES: dict[tuple, Any] = {}
 
 
 def model_source(name: str) -> str:
@@ -30,13 +27,17 @@ def model_source(name: str) -> str:
     return str(path.resolve()) if path.is_dir() else name
 
 
-def engine(model: str, max_model_len: int):
-    """One `vllm.LLM` per process, model and context length: building one takes about a minute."""
-    vllm = require_vllm("regeneration with backend='vllm'")
-    key = (model, max_model_len)
-    if key not in _ENGINES:
-        _ENGINES[key] = vllm.LLM(model=model_source(model), max_model_len=max_model_len)
-    return _ENGINES[key]
+def engine(cfg):
+    """This process's vLLM engine for a `RegenConfig`: its target, in its dtype (fp32 on a CPU), long enough for
+    a prompt and its answer (`jetflow.vllm.engine`: built once)."""
+    from jetflow.vllm.engine import engine as vllm_engine
+    from jetflow.vllm.engine import on_cpu, vllm_dtype
+
+    # A GPU captures CUDA graphs (a regeneration's thousands of steps repay the capture). On vLLM's CPU build
+    # compiling (inductor) took 73 s to start against 21 s eager, for 47 against 40 tok/s single-stream on the
+    # bundled target (shared 2-core host): eager, the engine the baseline rows and tests build too.
+    return vllm_engine(model_source(cfg.model), dtype=vllm_dtype(cfg.target_dtype()),
+                       max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens, enforce_eager=on_cpu())
 
 
 def rows_from_outputs(encoded: list[tuple[str, list[int]]], generated: Sequence[Sequence[int]],
@@ -76,7 +77,7 @@ def regenerate_shard(cfg, items: list[PromptItem], path: Path, target=None) -> d
             max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, top_k=0,
             stop_token_ids=sorted(eos), detokenize=False,
         )
-        llm = engine(cfg.model, cfg.max_prompt_tokens + cfg.max_new_tokens)
+        llm = engine(cfg)
         outputs = llm.generate([vllm.TokensPrompt(prompt_token_ids=ids) for _, ids in encoded], params,
                                use_tqdm=False)
         generated = [out.outputs[0].token_ids for out in outputs]  # vLLM returns them in input order
