@@ -461,8 +461,11 @@ def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max
         target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
         loaded = HeadRef.parse(head).load(target).head
         mode = Engine(target, loaded, EngineConfig(max_slots=max_slots, graphs=graphs)).graphs  # auto, resolved
+        # the timed pass decodes one stream at a time: its steps' verdict is taken here too, alone, not by its
+        # trials while they run side by side (one compiling while the other timed: two verdicts, the last kept)
+        timed = Engine(target, loaded, EngineConfig(max_slots=1, graphs=graphs)).graphs if max_slots > 1 else mode
         curve = cached_step_curve(target, loaded, max_slots=max_slots, max_budget=max_budget, graphs=mode).to_dict()
-        return {**curve, "graphs": mode}
+        return {**curve, "graphs": mode, "timed_graphs": timed}
     finally:
         torch.set_num_threads(before)
 
@@ -477,7 +480,8 @@ def _step_curve(cfg: BudgetSweepConfig, head: str):
         curve = on_worker(step_curve_here, cfg.target, head, cfg.dtype, cfg.gpus_per_trial > 0, max(cfg.concurrency),
                           max(cfg.budgets), max(1, int(cfg.cpus_per_trial)), cfg.graphs,
                           num_cpus=cfg.cpus_per_trial, num_gpus=cfg.gpus_per_trial)
-        print(f"[budget sweep] step cost curve of the trials' node, steps graphs={curve.pop('graphs')}")
+        print(f"[budget sweep] step cost curve of the trials' node, steps graphs={curve.pop('graphs')}; the timed "
+              f"pass's single-stream steps graphs={curve.pop('timed_graphs')}")
         return StepCostCurve.from_dict(curve)
     except Exception as exc:  # noqa: BLE001 - finalists by τ beat no sweep result
         print(f"[budget sweep] no step cost curve: finalists by τ alone ({exc.__class__.__name__}: {exc})")
