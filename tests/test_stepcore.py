@@ -518,3 +518,17 @@ def test_compiled_kernels_travel_through_cluster_storage_to_a_node_that_never_co
     assert (cache_b / "autotune.json").read_text() == '{"mm": "cpp"}'
     other = tiny_target("qwen3")
     assert artifacts.artifact_key(other) != artifacts.artifact_key(target) and not artifacts.restore(other)
+
+
+def test_the_calibration_times_answers_not_prefills(smollm, one_thread):
+    """The calibration's requests, on the real bundled target: every row's greedy answer runs the whole
+    NEW_TOKENS (a request answered with EOS at once would time its prefill: the verdict that left `auto` off on
+    an AMD host), and the rows are distinct prompts."""
+    from jetflow.engine.calibrate import NEW_TOKENS, _prompts
+
+    rows = 8
+    prompts = _prompts(smollm, rows)
+    assert len({tuple(p) for p in prompts}) == rows
+    engine = Engine(smollm, None, EngineConfig(max_slots=rows, policy="plain", graphs="off"))
+    gens = engine.generate(prompts, [DecodeConfig(tree=TreeSpec(budget=1), max_new_tokens=NEW_TOKENS)] * rows)
+    assert [g.stats.new_tokens for g in gens] == [NEW_TOKENS] * rows, [g.finish_reason for g in gens]
