@@ -210,6 +210,10 @@ def test_without_vllm_anywhere_the_timing_says_why_and_raises_nothing(tmp_path, 
     # a Python that is not a vLLM venv: the child fails, the reason comes back as one line
     out = run_timing(TimingRequest(model="x", prompts={"s": [[1, 2]]}, max_new_tokens=2, stop_ids=[]), sys.executable)
     assert out["runner"] == sys.executable and "exited" in out["error"] and "\n" not in out["error"]
+    # a Python without this project (an interrupted `make setup-vllm`): the line says what to run
+    bare = next(p for p in (Path(sys.base_prefix) / "bin" / n for n in ("python3", "python")) if p.is_file())
+    out = run_timing(TimingRequest(model="x", prompts={"s": [[1, 2]]}, max_new_tokens=2, stop_ids=[]), str(bare))
+    assert "No module named 'jetflow'" in out["error"] and "make setup-vllm" in out["error"], out
 
 
 def test_the_best_budget_per_concurrency_is_predicted_and_falls_back_to_plain_where_none_beats_it():

@@ -195,8 +195,10 @@ def run_timing(req: TimingRequest, python: str = "") -> dict:
                     "runner": runner}
         if proc.returncode != 0 or not result.is_file():
             tail = [line for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
-            return {"error": f"vLLM child {runner} exited {proc.returncode}: {tail[-1].strip() if tail else '?'}",
-                    "runner": runner}
+            last = tail[-1].strip() if tail else "?"
+            hint = (" (a vLLM venv without this project, e.g. an interrupted `make setup-vllm`: run it again)"
+                    if "No module named 'jetflow'" in last else "")
+            return {"error": f"vLLM child {runner} exited {proc.returncode}: {last}{hint}", "runner": runner}
         return {**json.loads(result.read_text()), "runner": runner}
 
 
