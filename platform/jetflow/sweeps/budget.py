@@ -456,6 +456,7 @@ def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max
     torch.set_num_threads(max(1, threads))
     try:
         from jetflow.engine import Engine, EngineConfig
+        from jetflow.stepcore.modes import resolve_graphs, target_key
 
         device, torch_dtype = placement("cuda" if gpu else "cpu", dtype)
         target = TargetModel.load(target_id, device=device, dtype=torch_dtype)
@@ -463,7 +464,9 @@ def step_curve_here(target_id: str, head: str, dtype: str | None, gpu: bool, max
         mode = Engine(target, loaded, EngineConfig(max_slots=max_slots, graphs=graphs)).graphs  # auto, resolved
         # the timed pass decodes one stream at a time: its steps' verdict is taken here too, alone, not by its
         # trials while they run side by side (one compiling while the other timed: two verdicts, the last kept)
-        timed = Engine(target, loaded, EngineConfig(max_slots=1, graphs=graphs)).graphs if max_slots > 1 else mode
+        timed = resolve_graphs(graphs, target_key(target, 1), target.device.type)[0]
+        if timed == "calibrate":  # no verdict yet: an engine of one slot measures it (and keeps it)
+            timed = Engine(target, loaded, EngineConfig(max_slots=1, graphs=graphs)).graphs
         curve = cached_step_curve(target, loaded, max_slots=max_slots, max_budget=max_budget, graphs=mode).to_dict()
         return {**curve, "graphs": mode, "timed_graphs": timed}
     finally:
