@@ -402,16 +402,23 @@ def test_auto_compiles_on_a_gpu_and_follows_the_hosts_verdict_on_a_cpu(tmp_path,
         EngineConfig(graphs="fast")
 
 
-def test_auto_calibrates_on_first_use_keeps_the_verdict_and_the_graphs(tmp_path, monkeypatch, capsys, one_thread):
-    """No verdict for this host: the first engine compiles its graphs, measures eager vs compiled plain steps at one
-    row and at its slots side by side, prints as it goes, keeps the verdict (with its lossless check) — and keeps
-    its compiled graphs when they pay. The next engine reads the verdict without measuring again."""
+@pytest.fixture
+def unpinned_auto(tmp_path, monkeypatch):
+    """`graphs=auto` as a user meets it (the suite's pin removed), verdicts kept in a fresh home, graphs compiled
+    by the fast `eager` backend → (a tiny target, a head for it)."""
     monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
     monkeypatch.setenv("JETFLOW_GRAPHS_BACKEND", "eager")
     monkeypatch.delenv(ENV, raising=False)
     target = tiny_target("llama")
     torch.manual_seed(0)
-    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    return target, DraftHead(HeadConfig.for_target(target, block_size=6))
+
+
+def test_auto_calibrates_on_first_use_keeps_the_verdict_and_the_graphs(unpinned_auto, capsys, one_thread):
+    """No verdict for this host: the first engine compiles its graphs, measures eager vs compiled plain steps at one
+    row and at its slots side by side, prints as it goes, keeps the verdict (with its lossless check) — and keeps
+    its compiled graphs when they pay. The next engine reads the verdict without measuring again."""
+    target, head = unpinned_auto
     engine = Engine(target, head, EngineConfig(max_slots=3))
     verdict = read_verdict(target_key(target, 3))
     err = capsys.readouterr().err
@@ -429,17 +436,12 @@ def test_auto_calibrates_on_first_use_keeps_the_verdict_and_the_graphs(tmp_path,
     assert again.graphs == expected and "no verdict" not in capsys.readouterr().err
 
 
-def test_jetflow_graphs_measure_keeps_the_verdict_auto_follows(tmp_path, monkeypatch):
+def test_jetflow_graphs_measure_keeps_the_verdict_auto_follows(unpinned_auto):
     """The whole-decode measurement: AR and the tree setting in both modes side by side, outputs checked, its
     smallest ratio kept as this host's single-stream verdict."""
     from jetflow.eval.graphs import measure_and_record
 
-    monkeypatch.setenv("JETFLOW_HOME", str(tmp_path))
-    monkeypatch.setenv("JETFLOW_GRAPHS_BACKEND", "eager")
-    monkeypatch.delenv(ENV, raising=False)
-    target = tiny_target("llama")
-    torch.manual_seed(0)
-    head = DraftHead(HeadConfig.for_target(target, block_size=6))
+    target, head = unpinned_auto
     result, key = measure_and_record(target, random_prompts(2, seed=11), head, TreeSpec("best_first", 4, 3),
                                      new_tokens=6)
     assert set(result["settings"]) == {"ar", "best_first-b4w3"}
